@@ -1,0 +1,298 @@
+"""Layer 5 — the array object and ``bind``, the one entry point from the namespace to engines.
+
+An :class:`Array` is (device, handle, meta): the handle is whatever the device's engine uses
+(a native array locally, a tensor id on a compute peer, a graph node in capture), the meta its
+shape and dtype, known without asking the engine. Operators delegate to the namespace
+functions; nothing here knows a particular op.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from . import dtypes as dt
+from .devices import Device, default_device, device as as_device
+from .errors import DeviceError, DTypeError, EmberError, ShapeError, with_prefix
+from .ops.table import Meta, fmt_shape
+
+
+class Array:
+    """An n-dimensional array on an ember device (the Array API standard's array object)."""
+
+    __slots__ = ("_handle", "_meta", "_device", "__weakref__")
+    __array_priority__ = 100  # NumPy defers mixed operators to ours
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("ember arrays are made by ember functions, e.g. ember.asarray(...)")
+
+    @classmethod
+    def _new(cls, handle, meta: Meta, device: Device) -> Array:
+        self = object.__new__(cls)
+        self._handle, self._meta, self._device = handle, meta, device
+        return self
+
+    # --- attributes ---------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple:
+        """The shape, a tuple of ints."""
+        return self._meta.shape
+
+    @property
+    def dtype(self) -> dt.DType:
+        """The ember dtype."""
+        return self._meta.dtype
+
+    @property
+    def device(self) -> Device:
+        """The device the array lives on."""
+        return self._device
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return len(self._meta.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return self._meta.size
+
+    @property
+    def T(self) -> Array:
+        """The array with its axes reversed."""
+        return _manipulation.permute_dims(self, tuple(range(self.ndim - 1, -1, -1)))
+
+    @property
+    def mT(self) -> Array:
+        """The transpose of the last two axes (a stack of matrices transposed)."""
+        return _linear_algebra.matrix_transpose(self)
+
+    def __array_namespace__(self, *, api_version: str | None = None):
+        """The ember module, which implements the Array API standard 2024.12."""
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise ValueError(f"ember implements the Array API standard up to 2024.12, not {api_version!r}")
+        import ember
+        return ember
+
+    # --- reads: the points that wait for the device --------------------------------------------
+
+    def _host(self) -> np.ndarray:
+        return self._device.engine.download(self._handle)
+
+    def _scalar(self, kind, what: str):
+        if self._meta.size != 1:
+            raise TypeError(f"{what}: only arrays of one element convert to Python scalars, got shape {fmt_shape(self.shape)}")
+        return kind(self._host().reshape(()).item())
+
+    def __bool__(self) -> bool:
+        return self._scalar(builtins.bool, "bool")
+
+    def __int__(self) -> int:
+        if self.dtype.kind == dt.COMPLEX:
+            raise TypeError("int: cannot convert a complex array to int")
+        value = self._scalar(lambda v: v, "int")
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+            raise ValueError(f"int: cannot convert {value} to int")
+        return int(value)
+
+    def __float__(self) -> float:
+        if self.dtype.kind == dt.COMPLEX:
+            raise TypeError("float: cannot convert a complex array to float; use ember.real")
+        return self._scalar(float, "float")
+
+    def __complex__(self) -> complex:
+        return self._scalar(complex, "complex")
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in (dt.SIGNED, dt.UNSIGNED):
+            raise TypeError(f"__index__: only integer arrays are indices, got {self.dtype}")
+        return self._scalar(int, "__index__")
+
+    def __array__(self, dtype=None, copy=None):
+        host = self._host()
+        if copy:
+            host = host.copy()
+        return host if dtype is None else host.astype(dtype, copy=False)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """Export through DLPack (the native array's protocol; a host copy for remote arrays)."""
+        native = self._device.engine.native(self._handle)
+        kwargs = {"stream": stream}
+        if max_version is not None:
+            kwargs["max_version"] = max_version
+        if dl_device is not None:
+            kwargs["dl_device"] = dl_device
+        if copy is not None:
+            kwargs["copy"] = copy
+        return native.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._device.engine.native(self._handle).__dlpack_device__()
+
+    def to_device(self, device, /, *, stream=None) -> Array:
+        """This array on ``device`` (itself if it is already there)."""
+        target = as_device(device)
+        if target is self._device:
+            return self
+        host = self._host()
+        handle = target.engine.upload(host)
+        return Array._new(handle, self._meta, target)
+
+    def __repr__(self) -> str:
+        if not self._device.engine.executes:
+            return f"ember.Array(shape={fmt_shape(self.shape)}, dtype={self.dtype}, device={self._device})"
+        try:
+            body = np.array2string(self._host(), separator=", ", prefix="ember.Array(")
+        except EmberError as error:
+            body = f"<unreadable: {error}>"
+        return f"ember.Array({body}, dtype={self.dtype}, device={self._device})"
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(self.shape[0]))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # --- indexing --------------------------------------------------------------------------------
+
+    def __getitem__(self, key) -> Array:
+        return _indexing.getitem(self, key)
+
+    def __setitem__(self, key, value) -> None:
+        self._rebind(_indexing.setitem(self, key, value), "__setitem__")
+
+    def _rebind(self, result: Array, what: str) -> None:
+        """Make this array hold ``result`` (in-place operators and item assignment)."""
+        if result._meta.dtype is not self._meta.dtype:
+            raise DTypeError(f"{what}: the result dtype {result.dtype} differs from the array's {self.dtype}; "
+                             f"in-place operations keep the dtype")
+        if result._meta.shape != self._meta.shape:
+            raise ShapeError(f"{what}: the result shape {fmt_shape(result.shape)} differs from the array's "
+                             f"{fmt_shape(self.shape)}; in-place operations keep the shape")
+        self._handle = result._handle
+
+
+# --- bind: namespace → engine --------------------------------------------------------------------
+
+def bind(op, inputs: tuple, attrs: dict, device: Device | None = None, literal_dtype: dt.DType | None = None):
+    """Apply ``op`` to ``inputs`` (arrays, and Python scalars when ``literal_dtype`` says their
+    dtype) on their common device, or on ``device`` for ops without array inputs.
+
+    The meta rule runs first, so a bad call fails before any engine sees it; the engine returns
+    handles for outputs whose shapes and dtypes are already known.
+    """
+    metas = []
+    handles = []
+    for value in inputs:
+        if isinstance(value, Array):
+            if device is None:
+                device = value._device
+            elif value._device is not device:
+                device = _common_device(op, device, value._device)
+            metas.append(value._meta)
+            handles.append(value._handle)
+        elif literal_dtype is not None and dt.is_python_scalar(value):
+            metas.append(Meta((), literal_dtype))
+            handles.append(value)
+        else:
+            raise DTypeError(f"{op.name}: expected an ember array, got {type(value).__name__}"
+                             + (" (convert it with ember.asarray)" if hasattr(value, "__array__") or isinstance(value, (list, tuple)) else ""))
+    if device is None:
+        device = default_device()
+    attrs, out_metas = op.infer(tuple(metas), attrs)
+    outs, out_metas = device.engine.execute(op, tuple(handles), attrs, out_metas)
+    new = Array._new
+    if op.multiple:
+        return tuple(new(h, m, device) for h, m in zip(outs, out_metas))
+    return new(outs[0], out_metas[0], device)
+
+
+def _common_device(op, first: Device, second: Device) -> Device:
+    if first == second:
+        # one hardware: a wrapper (autodiff) takes precedence over its inner device
+        return first if first.inner() is not first else second
+    raise DeviceError(f"{op.name}: arrays are on different devices, {first} and {second}; "
+                      f"move one with x.to_device(...)")
+
+
+def prefixed(name: str):
+    """Decorator: EmberErrors raised inside get ``name: `` in front of their message."""
+    def decorate(function):
+        def wrapper(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except EmberError as error:
+                if str(error).startswith(name + ":"):
+                    raise
+                raise with_prefix(error, name) from None
+        wrapper.__name__ = wrapper.__qualname__ = function.__name__
+        wrapper.__doc__ = function.__doc__
+        wrapper.__wrapped__ = function
+        return wrapper
+    return decorate
+
+
+# --- operators: delegate to the namespace ------------------------------------------------------------
+
+def _operand(value) -> bool:
+    return isinstance(value, (Array, builtins.bool, int, float, complex))
+
+
+def _forward(function):
+    def method(self, other):
+        if not _operand(other):
+            return NotImplemented
+        return function(self, other)
+    return method
+
+
+def _reflected(function):
+    def method(self, other):
+        if not _operand(other):
+            return NotImplemented
+        return function(other, self)
+    return method
+
+
+def _in_place(function, name):
+    def method(self, other):
+        if not _operand(other):
+            return NotImplemented
+        self._rebind(function(self, other), name)
+        return self
+    return method
+
+
+def _install_operators():
+    ew = _elementwise
+    binary = {
+        "add": ew.add, "sub": ew.subtract, "mul": ew.multiply, "truediv": ew.divide, "floordiv": ew.floor_divide,
+        "mod": ew.remainder, "pow": ew.pow, "and": ew.bitwise_and, "or": ew.bitwise_or, "xor": ew.bitwise_xor,
+        "lshift": ew.bitwise_left_shift, "rshift": ew.bitwise_right_shift, "matmul": _linear_algebra.matmul,
+    }
+    for name, function in binary.items():
+        setattr(Array, f"__{name}__", _forward(function))
+        setattr(Array, f"__r{name}__", _reflected(function))
+        setattr(Array, f"__i{name}__", _in_place(function, f"__i{name}__"))
+    for name, function in {"eq": ew.equal, "ne": ew.not_equal, "lt": ew.less, "le": ew.less_equal,
+                           "gt": ew.greater, "ge": ew.greater_equal}.items():
+        setattr(Array, f"__{name}__", _forward(function))
+    for name, function in {"abs": ew.abs, "neg": ew.negative, "pos": ew.positive, "invert": ew.bitwise_invert}.items():
+        setattr(Array, f"__{name}__", function)
+
+
+from .namespace import elementwise as _elementwise  # noqa: E402  (operators bind to the namespace)
+from .namespace import indexing as _indexing  # noqa: E402
+from .namespace import linear_algebra as _linear_algebra  # noqa: E402
+from .namespace import manipulation as _manipulation  # noqa: E402
+
+_install_operators()

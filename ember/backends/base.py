@@ -1,0 +1,43 @@
+"""What every backend provides to the local engine."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import dtypes as dt
+
+
+class Backend:
+    """One hardware device of a native array library.
+
+    ``kernels`` maps op names to callables ``kernel(*native_inputs, **attrs)`` returning a
+    native array or a tuple of them; ``gaps`` maps op names the backend cannot run to the
+    reason. ``dtypes`` lists the ember dtypes it supports.
+    """
+
+    name: str = ""          # "numpy", "torch"
+    device_name: str = ""   # the ember device string of this device: "numpy", "torch:cuda:0"
+    native_type: type = object
+    kernels: dict[str, Callable[..., Any]]
+    gaps: dict[str, str]
+    dtypes: tuple[dt.DType, ...] = dt.ALL
+
+    def coerce(self, value) -> Any:
+        """A kernel's output as a native array (NumPy returns scalars for 0-d results)."""
+        return value
+
+    def dtype_of(self, native) -> dt.DType:
+        raise NotImplementedError
+
+    def from_host(self, host: np.ndarray, copy: bool | None = None) -> Any:
+        """A native array holding ``host``'s data on this device."""
+        raise NotImplementedError
+
+    def to_host(self, native) -> np.ndarray:
+        """``native`` as a NumPy array in host memory (zero-copy where the library allows)."""
+        raise NotImplementedError
+
+    def from_dlpack(self, obj, copy: bool | None = None) -> Any:
+        raise NotImplementedError

@@ -1,0 +1,221 @@
+"""Devices: small value objects parsed from device strings, each owning an engine.
+
+    numpy                         the embedded default (EMBER_DEVICE overrides the default)
+    torch:cpu, torch:cuda[:N]     PyTorch; ``torch`` means torch:cpu, ``torch:cuda`` torch:cuda:0
+    ember://[token@]host:port/N   device N of a compute peer, over TCP
+    ws://[token@]host:port/N      the same peer protocol over WebSocket
+    capture                       records operations without executing them
+
+Devices compare by hardware: ``autodiff(d) == d``, and ``ws://`` and ``ember://`` addresses of
+one peer's device are one device. The engine is created on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from urllib.parse import unquote, urlsplit
+
+from .errors import DeviceError
+
+
+class Device:
+    """A place where arrays live and operations run. Compare with ``==``; print for its string."""
+
+    __slots__ = ("_engine", "_lock")
+    kind = ""
+
+    def __init__(self):
+        self._engine = None
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self):
+        """The engine doing this device's work (created on first use)."""
+        engine = self._engine
+        if engine is None:
+            with self._lock:
+                if self._engine is None:
+                    self._engine = self._make_engine()
+                engine = self._engine
+        return engine
+
+    def _make_engine(self):
+        raise NotImplementedError
+
+    @property
+    def hardware(self) -> tuple:
+        """What identifies the hardware: equal for devices that share it."""
+        raise NotImplementedError
+
+    def inner(self) -> Device:
+        """The device under a wrapper (autodiff); a plain device returns itself."""
+        return self
+
+    def autodiff(self) -> Device:
+        """This device with gradient tracking."""
+        from .autodiff import autodiff
+        return autodiff(self)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, str):
+            try:
+                other = device(other)
+            except DeviceError:
+                return False
+        return isinstance(other, Device) and self.hardware == other.hardware
+
+    def __hash__(self) -> int:
+        return hash(self.hardware)
+
+    def __repr__(self) -> str:
+        return f"ember.device({str(self)!r})"
+
+
+class LocalDevice(Device):
+    """A hardware device of a local backend (numpy, torch:cpu, torch:cuda:N)."""
+
+    __slots__ = ("backend_name", "name")
+    kind = "local"
+
+    def __init__(self, backend_name: str, name: str):
+        super().__init__()
+        self.backend_name, self.name = backend_name, name
+
+    def _make_engine(self):
+        from .backends import backend_module
+        from .engines.local import LocalEngine
+        try:
+            module = backend_module(self.backend_name)
+        except ImportError as error:
+            raise DeviceError(f"device {self.name!r} needs {self.backend_name}, which is not installed: "
+                              f"pip install 'ember[{self.backend_name}]'") from error
+        return LocalEngine(module.backend(self.name))
+
+    @property
+    def hardware(self) -> tuple:
+        return ("local", self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RemoteDevice(Device):
+    """Device ``index`` of a compute peer reached over ``ember://`` (TCP) or ``ws://``."""
+
+    __slots__ = ("scheme", "host", "port", "index", "token")
+    kind = "remote"
+
+    def __init__(self, scheme: str, host: str, port: int, index: int, token: str | None):
+        super().__init__()
+        self.scheme, self.host, self.port, self.index, self.token = scheme, host, port, index, token
+
+    def _make_engine(self):
+        from .remote.client import connect  # the remote layer builds the engine for its transport
+        return connect(self)
+
+    @property
+    def hardware(self) -> tuple:
+        return ("remote", self.host, self.port, self.index)
+
+    def __str__(self) -> str:  # never prints the token
+        return f"{self.scheme}://{_host_port(self.host, self.port)}/{self.index}"
+
+
+class CaptureDevice(Device):
+    """A device that records operations into a graph and never executes them."""
+
+    __slots__ = ("scope",)
+    kind = "capture"
+
+    def __init__(self, scope=None):
+        super().__init__()
+        self.scope = scope
+
+    def _make_engine(self):
+        from .capture import CaptureEngine
+        return CaptureEngine(self)
+
+    @property
+    def hardware(self) -> tuple:
+        return ("capture", id(self.scope) if self.scope is not None else 0)
+
+    def __str__(self) -> str:
+        return "capture"
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+_DEVICES: dict[str, Device] = {}
+_DEVICES_LOCK = threading.Lock()
+DEFAULT_PORT = 7878
+
+
+def device(spec: str | Device | None = None) -> Device:
+    """The device named by ``spec`` (see the module docstring); ``None`` gives the default.
+
+    Devices are shared: ``device("numpy") is device("numpy")``.
+    """
+    if spec is None:
+        return default_device()
+    if isinstance(spec, Device):
+        return spec
+    if not isinstance(spec, str):
+        raise DeviceError(f"expected a device or a device string, got {spec!r}")
+    try:
+        return _DEVICES[spec]
+    except KeyError:
+        pass
+    parsed = _parse(spec)
+    with _DEVICES_LOCK:
+        return _DEVICES.setdefault(spec, _DEVICES.setdefault(_canonical(parsed), parsed))
+
+
+def _canonical(d: Device) -> str:
+    return str(d) if not isinstance(d, RemoteDevice) else f"{d.scheme}://{d.token or ''}@{_host_port(d.host, d.port)}/{d.index}"
+
+
+def _parse(spec: str) -> Device:
+    text = spec.strip()
+    if text == "numpy":
+        return LocalDevice("numpy", "numpy")
+    if text == "capture":
+        return CaptureDevice()
+    if text == "torch" or text.startswith("torch:"):
+        parts = text.split(":")[1:] or ["cpu"]
+        kind = parts[0]
+        if kind == "cpu" and len(parts) == 1:
+            return LocalDevice("torch", "torch:cpu")
+        if kind == "cuda" and len(parts) <= 2:
+            index = parts[1] if len(parts) == 2 else "0"
+            if index.isdigit():
+                return LocalDevice("torch", f"torch:cuda:{int(index)}")
+        raise DeviceError(f"bad torch device {spec!r}: expected torch:cpu, torch:cuda or torch:cuda:N")
+    if "://" in text:
+        return _parse_remote(spec, text)
+    raise DeviceError(f"unknown device {spec!r}: expected numpy, torch:cpu, torch:cuda:N, capture, "
+                      f"ember://host:port/N or ws://host:port/N")
+
+
+def _parse_remote(spec: str, text: str) -> RemoteDevice:
+    try:
+        url = urlsplit(text)
+        host, port = url.hostname, url.port or DEFAULT_PORT
+    except ValueError as error:
+        raise DeviceError(f"bad remote device {spec!r}: {error}") from None
+    if url.scheme not in ("ember", "ws"):
+        raise DeviceError(f"bad remote device {spec!r}: the scheme must be ember:// (TCP) or ws:// (WebSocket)")
+    if not host:
+        raise DeviceError(f"bad remote device {spec!r}: no host")
+    path = url.path.strip("/") or "0"
+    if not path.isdigit():
+        raise DeviceError(f"bad remote device {spec!r}: the path must be a device index like /0")
+    token = unquote(url.username) if url.username else os.environ.get("EMBER_TOKEN") or None
+    return RemoteDevice(url.scheme, host, port, int(path), token)
+
+
+def default_device() -> Device:
+    """The device of arrays made without one: ``$EMBER_DEVICE``, else ``numpy``."""
+    return device(os.environ.get("EMBER_DEVICE") or "numpy")

@@ -1,0 +1,86 @@
+"""The ember exception tree.
+
+Every error ember raises derives from :class:`EmberError` *and* from the builtin exception a
+Python user would catch for that situation, so ``except ValueError`` keeps working::
+
+    EmberError
+    ├── DTypeError        (TypeError)    an operation does not accept a dtype, or dtypes don't promote
+    ├── ShapeError        (ValueError)   shapes don't fit together (broadcasting, matmul, reshape …)
+    ├── AxisError         (ValueError, IndexError)   an axis is out of range or repeated
+    ├── IndexingError     (IndexError)   a bad index or key in ``x[key]``
+    ├── ScalarOverflowError (OverflowError) a Python int does not fit the array's dtype
+    ├── DeviceError       (ValueError)   a bad device string, or arrays on two devices in one op
+    │   └── HostDeviceError              ``serve`` asked to host a device that cannot execute
+    ├── NotSupportedError (NotImplementedError) a backend declares a gap for an operation
+    ├── ExecutionError    (RuntimeError) a kernel failed on the data (e.g. a singular matrix)
+    ├── ProtocolError     (ValueError)   a malformed, oversized or refused frame
+    ├── ConnectionLost    (ConnectionError) the peer or the connection went away
+    └── CaptureError      (RuntimeError) misuse of a capture scope or a value it cannot know
+
+Messages name the operation first (``matmul: shapes (3, 4) and (5, 2) are not aligned``).
+"""
+
+from __future__ import annotations
+
+
+class EmberError(Exception):
+    """Base class of every exception ember raises."""
+
+
+class DTypeError(EmberError, TypeError):
+    """An operation does not accept a dtype, or two dtypes have no promotion."""
+
+
+class ShapeError(EmberError, ValueError):
+    """Shapes do not fit together."""
+
+
+class AxisError(EmberError, ValueError, IndexError):
+    """An axis is out of range or repeated."""
+
+
+class IndexingError(EmberError, IndexError):
+    """A bad index or key in ``x[key]`` or ``x[key] = v``."""
+
+
+class ScalarOverflowError(EmberError, OverflowError):
+    """A Python integer does not fit the dtype of the array it meets."""
+
+
+class ArgumentError(EmberError, ValueError):
+    """A bad non-array argument (a negative count, an unknown mode …)."""
+
+
+class DeviceError(EmberError, ValueError):
+    """A bad device string, or arrays on two devices in one operation."""
+
+
+class HostDeviceError(DeviceError):
+    """``serve`` was asked to host a device that cannot execute operations."""
+
+
+class NotSupportedError(EmberError, NotImplementedError):
+    """A backend declares a gap for an operation or dtype."""
+
+
+class ExecutionError(EmberError, RuntimeError):
+    """A kernel failed on the data itself (e.g. a singular matrix)."""
+
+
+class ProtocolError(EmberError, ValueError):
+    """A malformed, oversized or refused frame or handshake."""
+
+
+class ConnectionLost(EmberError, ConnectionError):
+    """The compute peer or the connection to it went away."""
+
+
+class CaptureError(EmberError, RuntimeError):
+    """Misuse of a capture scope, or asking a capture for a value it cannot know."""
+
+
+def with_prefix(error: EmberError, prefix: str) -> EmberError:
+    """Return a copy of ``error`` of the same type whose message starts with ``prefix: ``."""
+    renamed = type(error)(f"{prefix}: {error}")
+    renamed.__cause__ = error.__cause__
+    return renamed

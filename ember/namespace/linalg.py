@@ -1,0 +1,109 @@
+"""The ``linalg`` extension of the standard (``ember.linalg``)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .. import dtypes as dt
+from ..array import Array, prefixed
+from ..errors import NotSupportedError, ShapeError
+from ._generate import from_row, require_array
+from .linear_algebra import matmul, matrix_transpose, tensordot, vecdot  # noqa: F401  (also in linalg)
+
+cholesky = from_row("cholesky")
+cross = from_row("cross")
+det = from_row("det")
+diagonal = from_row("diagonal")
+eigvalsh = from_row("eigvalsh")
+inv = from_row("inv")
+matrix_norm = from_row("matrix_norm")
+matrix_power = from_row("matrix_power")
+solve = from_row("solve")
+svdvals = from_row("svdvals")
+trace = from_row("trace")
+vector_norm = from_row("vector_norm")
+_pinv = from_row("pinv")
+
+__all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "matmul", "matrix_norm", "matrix_power",
+           "matrix_rank", "matrix_transpose", "outer", "pinv", "qr", "slogdet", "solve", "svd", "svdvals", "tensordot",
+           "trace", "vecdot", "vector_norm"]
+
+
+class EighResult(NamedTuple):
+    eigenvalues: Array
+    eigenvectors: Array
+
+
+class QRResult(NamedTuple):
+    Q: Array
+    R: Array
+
+
+class SlogdetResult(NamedTuple):
+    sign: Array
+    logabsdet: Array
+
+
+class SVDResult(NamedTuple):
+    U: Array
+    S: Array
+    Vh: Array
+
+
+def _named(row: str, result: type):
+    raw = from_row(row)
+
+    def function(*args, **kwargs):
+        return result(*raw(*args, **kwargs))
+    function.__name__ = function.__qualname__ = row
+    function.__doc__ = raw.__doc__
+    function.__signature__ = raw.__signature__
+    return function
+
+
+eigh = _named("eigh", EighResult)
+qr = _named("qr", QRResult)
+slogdet = _named("slogdet", SlogdetResult)
+svd = _named("svd", SVDResult)
+
+
+def _tolerance(rtol, name):
+    if isinstance(rtol, Array):
+        if rtol.ndim:
+            raise NotSupportedError(f"{name}: an rtol array of shape {rtol.shape} is not supported; pass a float")
+        return float(rtol)
+    return rtol
+
+
+@prefixed("pinv")
+def pinv(x, /, *, rtol=None) -> Array:
+    """Moore–Penrose pseudo-inverse; singular values below rtol × the largest are dropped."""
+    return _pinv(x, rtol=_tolerance(rtol, "pinv"))
+
+
+@prefixed("matrix_rank")
+def matrix_rank(x, /, *, rtol=None) -> Array:
+    """Number of singular values above rtol × the largest (default max(M, N) × eps)."""
+    from .searching import count_nonzero
+    from .statistical import max as max_
+    require_array(x, "matrix_rank")
+    if x.ndim < 2:
+        raise ShapeError(f"input must be at least 2-d, got shape {x.shape}")
+    s = svdvals(x)
+    if rtol is None:
+        rtol = max(x.shape[-2:]) * dt.finfo(s.dtype).eps
+    largest = max_(s, axis=-1, keepdims=True) if s.shape[-1] else s[..., :1]
+    if isinstance(rtol, Array):
+        rtol = rtol[..., None]
+    return count_nonzero(s > largest * rtol, axis=-1)
+
+
+@prefixed("outer")
+def outer(x1, x2, /) -> Array:
+    """Outer product of two 1-d arrays."""
+    from .elementwise import multiply
+    for a in (x1, x2):
+        require_array(a, "outer")
+        if a.ndim != 1:
+            raise ShapeError(f"inputs must be 1-d, got shapes {x1.shape} and {x2.shape}")
+    return multiply(x1[:, None], x2[None, :])

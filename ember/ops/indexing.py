@@ -1,0 +1,192 @@
+"""Indexing: ``x[key]``, ``x[key] = v``, ``take`` and ``take_along_axis``.
+
+A key travels as plain data: a tuple whose items are ints, ``None``, ``"..."``,
+``("s", start, stop, step)`` for a slice and ``("a", k)`` for the k-th index array (an array
+input of the op). The meta rule follows NumPy's rules, which the standard's indexing is a
+subset of: integers and integer arrays broadcast together when any array is present, and
+their result axes go where the first of them stood if they are adjacent, else in front.
+"""
+
+from __future__ import annotations
+
+from .. import dtypes as dt
+from ..errors import ArgumentError, DTypeError, IndexingError, ShapeError
+from .table import Meta, Op, broadcast_shapes, define, fmt_shape, normalize_axis, require
+
+ELLIPSIS = "..."
+
+
+def decode_key(key: tuple, arrays: tuple, make_slice=slice) -> tuple:
+    """The native key for a backend: placeholders replaced by ``arrays`` and real slices."""
+    out = []
+    for item in key:
+        if type(item) is tuple:
+            out.append(make_slice(*item[1:]) if item[0] == "s" else arrays[item[1]])
+        elif item == ELLIPSIS:
+            out.append(Ellipsis)
+        else:
+            out.append(item)
+    return tuple(out)
+
+
+def _slice_length(size: int, start, stop, step) -> int:
+    return len(range(*slice(start, stop, step).indices(size)))
+
+
+def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
+    """The shape of ``x[key]`` for ``x`` of ``shape``; ``None`` marks a boolean-mask length."""
+    ndim = len(shape)
+    if sum(1 for item in key if item == ELLIPSIS and type(item) is not tuple) > 1:
+        raise IndexingError("an index can only have a single ellipsis ('...')")
+    consumed = 0
+    for item in key:
+        if type(item) is tuple and item[0] == "a":
+            index = arrays[item[1]]
+            consumed += index.ndim if index.dtype is dt.bool_ else 1
+        elif item is not None and item != ELLIPSIS:
+            consumed += 1
+    if consumed > ndim:
+        raise IndexingError(f"too many indices for an array of shape {fmt_shape(shape)}: {consumed} axes indexed")
+    out: list = []
+    advanced: list = []  # shapes of integer/array indices, when any array index is present
+    advanced_at: list = []  # positions in ``out`` where advanced indices stood
+    has_array = any(type(item) is tuple and item[0] == "a" for item in key)
+    dim = 0
+    for item in key:
+        if item is None:
+            out.append(1)
+        elif type(item) is tuple and item[0] == "s":
+            _, start, stop, step = item
+            if step == 0:
+                raise IndexingError("slice step cannot be zero")
+            out.append(_slice_length(shape[dim], start, stop, step))
+            dim += 1
+        elif type(item) is tuple:
+            index = arrays[item[1]]
+            if index.dtype is dt.bool_:
+                if index.shape != shape[dim:dim + index.ndim]:
+                    raise IndexingError(f"boolean index of shape {fmt_shape(index.shape)} does not match the indexed "
+                                        f"axes {fmt_shape(shape[dim:dim + index.ndim])} of shape {fmt_shape(shape)}")
+                advanced.append((None,))
+                dim += index.ndim
+            else:
+                if not dt.in_category(index.dtype, "integral"):
+                    raise IndexingError(f"index arrays must be integer or boolean, got {index.dtype}")
+                advanced.append(index.shape)
+                dim += 1
+            advanced_at.append(len(out))
+        elif item == ELLIPSIS:
+            skip = ndim - consumed
+            out.extend(shape[dim:dim + skip])
+            dim += skip
+        else:
+            size = shape[dim]
+            if not -size <= item < size:
+                raise IndexingError(f"index {item} is out of bounds for axis {dim} with size {size}")
+            if has_array:
+                advanced.append(())
+                advanced_at.append(len(out))
+            dim += 1
+    out.extend(shape[dim:])
+    if not advanced:
+        return tuple(out)
+    try:
+        broadcast = broadcast_shapes(*advanced)
+    except ShapeError:
+        raise IndexingError(f"index arrays of shapes {', '.join(fmt_shape(s) for s in advanced)} cannot be broadcast together") from None
+    at = advanced_at[0] if _adjacent(key) else 0
+    return tuple(out[:at]) + broadcast + tuple(out[at:])
+
+
+def _adjacent(key: tuple) -> bool:
+    """Whether the advanced (integer and array) items of ``key`` stand next to each other."""
+    flags = [type(item) is tuple and item[0] == "a" or (type(item) is int) for item in key]
+    positions = [i for i, f in enumerate(flags) if f]
+    return positions == list(range(positions[0], positions[-1] + 1))
+
+
+def _getitem_meta(x, *arrays, key):
+    shape = index_shape(x.shape, key, arrays)
+    return Meta(shape, x.dtype)
+
+
+def _getitem_examples(g):
+    shape = g.shape(min_dims=1, min_side=1)
+    key = []
+    for size in shape[:g.integer(1, len(shape))]:
+        key.append(g.choice([g.integer(-size, size - 1), ("s", g.choice([None, 0, 1]), g.choice([None, size, -1]), g.choice([None, 1, 2, -1])), None]))
+    if g.flag():
+        key.insert(g.integer(0, len(key)), ELLIPSIS)
+    return (g.array(shape, g.dtype("any")),), {"key": tuple(key)}
+
+
+define(Op("getitem", ("x", "*indices"), {"key": ()}, _getitem_meta, family="indexing",
+          data_dependent=True,  # with a boolean index: outputs whose shape holds None
+          examples=_getitem_examples,
+          bad_examples=lambda g: ((g.array((2, 3), g.dtype("any")),), {"key": (5,)}, IndexingError),
+          doc="x[key]: basic, integer-array and boolean indexing."))
+
+
+def _setitem_meta(x, value, *arrays, key):
+    target = index_shape(x.shape, key, arrays)
+    if None not in target and broadcast_shapes(target, value.shape) != target:
+        raise ShapeError(f"value of shape {fmt_shape(value.shape)} cannot be broadcast to the indexed shape {fmt_shape(target)}")
+    if value.dtype is not x.dtype:
+        raise DTypeError(f"value dtype {value.dtype} differs from the array's {x.dtype}")
+    return Meta(x.shape, x.dtype)
+
+
+define(Op("setitem", ("x", "value", "*indices"), {"key": ()}, _setitem_meta, family="indexing",
+          examples=None,  # drawn by the indexing tests, which compare against NumPy's x[key] = value
+          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((4,), dt.float64)), {"key": (0,)}, ShapeError),
+          doc="A copy of x with x[key] replaced by value (the namespace rebinds x to it)."))
+
+
+def _take_meta(x, indices, axis):
+    require(indices.dtype, "integral", "indices")
+    if indices.ndim != 1:
+        raise ShapeError(f"indices must be 1-d, got shape {fmt_shape(indices.shape)}")
+    if axis is None:
+        if x.ndim != 1:
+            raise ArgumentError(f"axis must be given for an input of shape {fmt_shape(x.shape)} (not 1-d)")
+        axis = 0
+    axis = normalize_axis(axis, x.ndim)
+    return Meta(x.shape[:axis] + indices.shape + x.shape[axis + 1:], x.dtype)
+
+
+def _take_examples(g):
+    shape = g.shape(min_dims=1, min_side=1)
+    axis = g.integer(-len(shape), len(shape) - 1)
+    n = shape[axis]
+    return (g.array(shape, g.dtype("any")), g.array((g.integer(0, 4),), dt.int64, low=-n, high=n - 1)), {"axis": axis}
+
+
+define(Op("take", ("x", "indices"), {"axis": None}, _take_meta, family="indexing", examples=_take_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": 2}, IndexError),
+          doc="Elements of x at indices along axis."))
+
+
+def _take_along_meta(x, indices, axis):
+    require(indices.dtype, "integral", "indices")
+    if indices.ndim != x.ndim:
+        raise ShapeError(f"indices of shape {fmt_shape(indices.shape)} must have the rank of x {fmt_shape(x.shape)}")
+    axis = normalize_axis(axis, x.ndim)
+    try:
+        shape = broadcast_shapes(x.shape[:axis] + (1,) + x.shape[axis + 1:], indices.shape[:axis] + (1,) + indices.shape[axis + 1:])
+    except ShapeError:
+        raise ShapeError(f"indices of shape {fmt_shape(indices.shape)} do not broadcast with x {fmt_shape(x.shape)} beside axis {axis}") from None
+    return Meta(shape[:axis] + (indices.shape[axis],) + shape[axis + 1:], x.dtype)
+
+
+def _take_along_examples(g):
+    shape = g.shape(min_dims=1, min_side=1)
+    axis = g.integer(-len(shape), len(shape) - 1)
+    n = shape[axis]
+    ishape = tuple(g.integer(0, 3) if i == axis % len(shape) else s for i, s in enumerate(shape))
+    return (g.array(shape, g.dtype("any")), g.array(ishape, dt.int64, low=-n, high=n - 1)), {"axis": axis}
+
+
+define(Op("take_along_axis", ("x", "indices"), {"axis": -1}, _take_along_meta, family="indexing",
+          examples=_take_along_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": -1}, ShapeError),
+          doc="Elements of x at indices matched along axis."))

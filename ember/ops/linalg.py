@@ -1,0 +1,323 @@
+"""Linear algebra: the main namespace's matmul, tensordot and vecdot, and the ``linalg``
+extension. Matrix functions take stacks of matrices in the last two axes."""
+
+from __future__ import annotations
+
+from .. import dtypes as dt
+from ..errors import ArgumentError, AxisError, ShapeError
+from .table import (REQUIRED, Meta, Op, as_int, broadcast_shapes, define, fmt_shape, normalize_axes, normalize_axis,
+                    reduced_shape, require, require_ndim)
+
+
+def _matmul_meta(x1, x2):
+    if x1.ndim == 0 or x2.ndim == 0:
+        raise ShapeError(f"inputs must be at least 1-d, got shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)}")
+    dtype = dt.promote(x1.dtype, x2.dtype)
+    require(dtype, "numeric")
+    a = (1,) + x1.shape if x1.ndim == 1 else x1.shape
+    b = x2.shape + (1,) if x2.ndim == 1 else x2.shape
+    if a[-1] != b[-2]:
+        raise ShapeError(f"shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} are not aligned "
+                         f"({a[-1]} (dim {x1.ndim - 1}) != {b[-2]} (dim {max(x2.ndim - 2, 0)}))")
+    try:
+        batch = broadcast_shapes(a[:-2], b[:-2])
+    except ShapeError:
+        raise ShapeError(f"batch shapes of {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} cannot be broadcast together") from None
+    shape = batch + ((a[-2],) if x1.ndim > 1 else ()) + ((b[-1],) if x2.ndim > 1 else ())
+    return Meta(shape, dtype)
+
+
+def _matmul_examples(g):
+    dtype = g.dtype("numeric")
+    m, k, n = g.integer(1, 4), g.integer(0, 4), g.integer(1, 4)
+    batch = g.shape(max_dims=2)
+    first = g.choice([(k,), (m, k), batch + (m, k)])
+    second = g.choice([(k,), (k, n), g.broadcastable(batch) + (k, n)])
+    return (g.array(first, dtype, low=-5, high=5), g.array(second, dtype, low=-5, high=5)), {}
+
+
+def _misaligned(g):
+    dtype = g.dtype("floating")
+    return (g.array((3, 4), dtype), g.array((5, 2), dtype)), {}, ShapeError
+
+
+define(Op("matmul", ("x1", "x2"), {}, _matmul_meta, promote_inputs=True, family="linear algebra", examples=_matmul_examples,
+          bad_examples=_misaligned, doc="Matrix product with NumPy's rules for 1-d operands and batches."))
+
+
+def _tensordot_canon(x1, x2, axes):
+    if isinstance(axes, int) and not isinstance(axes, bool):
+        if axes < 0 or axes > min(x1.ndim, x2.ndim):
+            raise AxisError(f"axes={axes} is out of range for shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)}")
+        return {"axes": (tuple(range(x1.ndim - axes, x1.ndim)), tuple(range(axes)))}
+    try:
+        first, second = axes
+    except (TypeError, ValueError):
+        raise ArgumentError(f"axes must be an int or a pair of sequences, got {axes!r}") from None
+    first = (first,) if isinstance(first, int) else tuple(first)
+    second = (second,) if isinstance(second, int) else tuple(second)
+    if len(first) != len(second):
+        raise ArgumentError(f"axes {axes!r} name different numbers of axes")
+    return {"axes": (tuple(normalize_axis(a, x1.ndim) for a in first), tuple(normalize_axis(a, x2.ndim) for a in second))}
+
+
+def _tensordot_meta(x1, x2, axes):
+    dtype = dt.promote(x1.dtype, x2.dtype)
+    require(dtype, "numeric")
+    first, second = axes
+    for a, b in zip(first, second):
+        if x1.shape[a] != x2.shape[b]:
+            raise ShapeError(f"shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} differ on contracted axes {a} and {b}")
+    shape = tuple(s for i, s in enumerate(x1.shape) if i not in first) + tuple(s for i, s in enumerate(x2.shape) if i not in second)
+    return Meta(shape, dtype)
+
+
+def _tensordot_examples(g):
+    dtype = g.dtype("numeric")
+    shared = g.shape(max_dims=2)
+    return (g.array(g.shape(max_dims=2) + shared, dtype, low=-5, high=5), g.array(shared + g.shape(max_dims=2), dtype, low=-5, high=5)), {"axes": len(shared)}
+
+
+define(Op("tensordot", ("x1", "x2"), {"axes": 2}, _tensordot_meta, _tensordot_canon, promote_inputs=True, family="linear algebra",
+          examples=_tensordot_examples, bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((4, 2), dt.float64)), {"axes": 1}, ShapeError),
+          doc="Sum of products over the given axes."))
+
+
+def _vecdot_meta(x1, x2, axis):
+    dtype = dt.promote(x1.dtype, x2.dtype)
+    require(dtype, "numeric")
+    shape = broadcast_shapes(x1.shape, x2.shape)
+    if not shape:
+        raise ShapeError("inputs must be at least 1-d")
+    if not -len(shape) <= axis < 0:
+        raise AxisError(f"axis {axis} must be negative and within the broadcast rank {len(shape)}")
+    if x1.shape[axis] != x2.shape[axis]:
+        raise ShapeError(f"shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} differ along axis {axis}")
+    return Meta(tuple(s for i, s in enumerate(shape) if i != len(shape) + axis), dtype)
+
+
+def _vecdot_examples(g):
+    dtype = g.dtype("numeric")
+    shape = g.shape(min_dims=1)
+    return (g.array(shape, dtype, low=-5, high=5), g.array(g.broadcastable(shape[:-1]) + shape[-1:], dtype, low=-5, high=5)), {"axis": -1}
+
+
+define(Op("vecdot", ("x1", "x2"), {"axis": -1}, _vecdot_meta, promote_inputs=True, family="linear algebra", examples=_vecdot_examples,
+          bad_examples=lambda g: ((g.array((3,), dt.float64), g.array((4,), dt.float64)), {"axis": -1}, ShapeError),
+          doc="Dot product of vectors along axis (conjugating x1)."))
+
+
+# --- the linalg extension ----------------------------------------------------------------------
+
+def _square(x):
+    require_ndim(x, 2)
+    require(x.dtype, "floating")
+    if x.shape[-1] != x.shape[-2]:
+        raise ShapeError(f"input must be a stack of square matrices, got shape {fmt_shape(x.shape)}")
+
+
+def _matrices(category="floating", square=False, low=-3, high=3):
+    def recipe(g):
+        n = g.integer(1, 4)
+        shape = g.shape(max_dims=2) + ((n, n) if square else (n, g.integer(1, 4)))
+        return (g.array(shape, g.dtype(category), low=low, high=high),), {}
+    return recipe
+
+
+def _not_square(g):
+    return (g.array((2, 3), g.dtype("real floating")),), {}, ShapeError
+
+
+def _matrix_op(name, meta, *, attrs=None, square=True, multiple=False, canon=None, examples=None, doc=""):
+    define(Op(name, ("x",), attrs or {}, meta, canon, family="linalg", multiple=multiple, lift="floating",
+              examples=examples or _matrices(square=square), bad_examples=_not_square if square else None, doc=doc))
+
+
+def _same_square(x, **_):
+    _square(x)
+    return Meta(x.shape, x.dtype)
+
+
+def _positive_definite(g):
+    import numpy as np  # recipes run only in tests
+    n = g.integer(1, 4)
+    a = g.array(g.shape(max_dims=1) + (n, n), g.dtype("real floating"), low=-2, high=2)
+    return (a @ np.swapaxes(a, -1, -2) + n * np.eye(n, dtype=a.dtype),), {"upper": g.flag()}
+
+
+def _well_conditioned(g):
+    import numpy as np
+    n = g.integer(1, 4)
+    a = g.array(g.shape(max_dims=1) + (n, n), g.dtype("real floating"), low=-1, high=1)
+    return (a + 4 * n * np.eye(n, dtype=a.dtype),), {}
+
+
+def _symmetric(g):
+    import numpy as np
+    (a,), _ = _well_conditioned(g)
+    return (a + np.swapaxes(a, -1, -2),), {}
+
+
+_matrix_op("cholesky", lambda x, upper: _same_square(x), attrs={"upper": False}, examples=_positive_definite,
+           doc="Cholesky factor of a Hermitian positive-definite matrix.")
+_matrix_op("inv", _same_square, examples=_well_conditioned, doc="Matrix inverse.")
+_matrix_op("det", lambda x: (_square(x), Meta(x.shape[:-2], x.dtype))[1], doc="Determinant.")
+_matrix_op("slogdet", lambda x: (_square(x), (Meta(x.shape[:-2], x.dtype), Meta(x.shape[:-2], dt.real_of(x.dtype))))[1],
+           multiple=True, examples=_well_conditioned, doc="Sign and log of the absolute determinant.")
+_matrix_op("eigh", lambda x: (_square(x), (Meta(x.shape[:-1], dt.real_of(x.dtype)), Meta(x.shape, x.dtype)))[1],
+           multiple=True, examples=_symmetric, doc="Eigenvalues and eigenvectors of a Hermitian matrix.")
+_matrix_op("eigvalsh", lambda x: (_square(x), Meta(x.shape[:-1], dt.real_of(x.dtype)))[1], examples=_symmetric,
+           doc="Eigenvalues of a Hermitian matrix.")
+
+
+def _matrix_power_meta(x, n):
+    require_ndim(x, 2)
+    require(x.dtype, "numeric" if n >= 0 else "floating")
+    if x.shape[-1] != x.shape[-2]:
+        raise ShapeError(f"input must be a stack of square matrices, got shape {fmt_shape(x.shape)}")
+    return Meta(x.shape, x.dtype)
+
+
+define(Op("matrix_power", ("x",), {"n": REQUIRED}, _matrix_power_meta, lambda x, n: {"n": as_int(n, "n")}, family="linalg",
+          positional=("n", "/"),
+          examples=lambda g: ((_well_conditioned(g)[0][0],), {"n": g.integer(-2, 3)}), bad_examples=lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
+          doc="x raised to the integer power n (negative n inverts)."))
+
+
+def _general(x):
+    require_ndim(x, 2)
+    require(x.dtype, "floating")
+    m, n = x.shape[-2:]
+    return x.shape[:-2], m, n, min(m, n)
+
+
+def _qr_meta(x, mode):
+    batch, m, n, k = _general(x)
+    if mode not in ("reduced", "complete"):
+        raise ArgumentError(f"mode must be 'reduced' or 'complete', got {mode!r}")
+    q = m if mode == "complete" else k
+    return Meta(batch + (m, q), x.dtype), Meta(batch + (q, n), x.dtype)
+
+
+def _svd_meta(x, full_matrices):
+    batch, m, n, k = _general(x)
+    u, v = (m, n) if full_matrices else (k, k)
+    return Meta(batch + (m, u), x.dtype), Meta(batch + (k,), dt.real_of(x.dtype)), Meta(batch + (v, n), x.dtype)
+
+
+define(Op("qr", ("x",), {"mode": "reduced"}, _qr_meta, family="linalg", multiple=True, lift="floating",
+          examples=lambda g: (_matrices()(g)[0], {"mode": g.choice(["reduced", "complete"])}), doc="QR decomposition."))
+define(Op("svd", ("x",), {"full_matrices": True}, _svd_meta, family="linalg", multiple=True, lift="floating",
+          examples=lambda g: (_matrices()(g)[0], {"full_matrices": g.flag()}), doc="Singular value decomposition."))
+define(Op("svdvals", ("x",), {}, lambda x: (lambda b, m, n, k: Meta(b + (k,), dt.real_of(x.dtype)))(*_general(x)),
+          family="linalg", lift="floating", examples=_matrices(), doc="Singular values."))
+define(Op("pinv", ("x",), {"rtol": None}, lambda x, rtol: (lambda b, m, n, k: Meta(b + (n, m), x.dtype))(*_general(x)),
+          family="linalg", lift="floating", examples=lambda g: (_matrices()(g)[0], {"rtol": None}),
+          doc="Moore–Penrose pseudo-inverse."))
+
+
+def _solve_meta(x1, x2):
+    _square(x1)
+    dtype = dt.promote(x1.dtype, x2.dtype)
+    require(dtype, "floating")
+    n = x1.shape[-1]
+    if x2.ndim == 1:
+        if x2.shape[0] != n:
+            raise ShapeError(f"shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} are not aligned")
+        return Meta(x1.shape[:-1], dtype)
+    if x2.shape[-2] != n:
+        raise ShapeError(f"shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} are not aligned")
+    return Meta(broadcast_shapes(x1.shape[:-2], x2.shape[:-2]) + x2.shape[-2:], dtype)
+
+
+def _solve_examples(g):
+    (a,), _ = _well_conditioned(g)
+    n = a.shape[-1]
+    b = g.array(g.choice([(n,), a.shape[:-1] + (g.integer(1, 3),)]), g.dtype_of(a), low=-3, high=3)
+    return (a, b), {}
+
+
+define(Op("solve", ("x1", "x2"), {}, _solve_meta, promote_inputs=True, family="linalg", lift="floating", examples=_solve_examples,
+          bad_examples=lambda g: ((g.array((3, 3), dt.float64), g.array((4,), dt.float64)), {}, ShapeError),
+          doc="Solution of x1 @ out = x2."))
+
+
+def _cross_meta(x1, x2, axis):
+    dtype = dt.promote(x1.dtype, x2.dtype)
+    require(dtype, "numeric")
+    shape = broadcast_shapes(x1.shape, x2.shape)
+    if not -len(shape) <= axis < 0 and not 0 <= axis < len(shape):
+        raise AxisError(f"axis {axis} is out of bounds for shape {fmt_shape(shape)}")
+    if x1.shape[axis] != 3 or x2.shape[axis] != 3:
+        raise ShapeError(f"shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} must have size 3 along axis {axis}")
+    return Meta(shape, dtype)
+
+
+def _cross_examples(g):
+    dtype = g.dtype("real numeric")
+    batch = g.shape(max_dims=2)
+    return (g.array(batch + (3,), dtype, low=-5, high=5), g.array(g.broadcastable(batch) + (3,), dtype, low=-5, high=5)), {"axis": -1}
+
+
+define(Op("cross", ("x1", "x2"), {"axis": -1}, _cross_meta, promote_inputs=True, family="linalg", examples=_cross_examples,
+          bad_examples=lambda g: ((g.array((2,), dt.float64), g.array((2,), dt.float64)), {"axis": -1}, ShapeError),
+          doc="Cross product of 3-vectors along axis."))
+
+
+def _diagonal_meta(x, offset):
+    require_ndim(x, 2)
+    rows, cols = x.shape[-2:]
+    length = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
+    return Meta(x.shape[:-2] + (length,), x.dtype)
+
+
+define(Op("diagonal", ("x",), {"offset": 0}, _diagonal_meta, lambda x, offset: {"offset": as_int(offset, "offset")},
+          family="linalg", examples=lambda g: (_matrices("any")(g)[0], {"offset": g.integer(-3, 3)}),
+          bad_examples=lambda g: ((g.array((3,), dt.float64),), {"offset": 0}, ShapeError), doc="Diagonals of matrices."))
+
+
+def _trace_meta(x, offset, dtype):
+    require_ndim(x, 2)
+    require(x.dtype, "numeric")
+    return Meta(x.shape[:-2], dtype)
+
+
+define(Op("trace", ("x",), {"offset": 0, "dtype": None}, _trace_meta,
+          lambda x, offset, dtype: {"offset": as_int(offset, "offset"), "dtype": dtype or dt.accumulation_dtype(x.dtype)},
+          family="linalg", examples=lambda g: (_matrices("numeric")(g)[0], {"offset": g.integer(-2, 2)}),
+          bad_examples=lambda g: ((g.array((3,), dt.float64),), {}, ShapeError), doc="Sums along diagonals."))
+
+
+_MATRIX_ORDS = ("fro", "nuc", 1, -1, 2, -2, float("inf"), float("-inf"))
+
+
+def _matrix_norm_meta(x, keepdims, ord):
+    require_ndim(x, 2)
+    require(x.dtype, "floating")
+    if ord not in _MATRIX_ORDS:
+        raise ArgumentError(f"ord must be one of {_MATRIX_ORDS}, got {ord!r}")
+    return Meta(x.shape[:-2] + ((1, 1) if keepdims else ()), dt.real_of(x.dtype))
+
+
+define(Op("matrix_norm", ("x",), {"keepdims": False, "ord": "fro"}, _matrix_norm_meta, family="linalg", lift="floating",
+          examples=lambda g: (_matrices()(g)[0], {"keepdims": g.flag(), "ord": g.choice(_MATRIX_ORDS)}),
+          bad_examples=lambda g: ((g.array((3,), dt.float64),), {}, ShapeError), doc="Matrix norm of the last two axes."))
+
+
+def _vector_norm_meta(x, axis, keepdims, ord):
+    require(x.dtype, "floating")
+    if isinstance(ord, bool) or not isinstance(ord, (int, float)):
+        raise ArgumentError(f"ord must be a number, got {ord!r}")
+    return Meta(reduced_shape(x.shape, axis, keepdims), dt.real_of(x.dtype))
+
+
+def _vector_norm_examples(g):
+    shape = g.shape()
+    axes = None if not shape or g.flag() else (g.integer(0, len(shape) - 1),)
+    return (g.array(shape, g.dtype("floating")),), {"axis": axes, "keepdims": g.flag(), "ord": g.choice([2, 1, 0, float("inf"), 3])}
+
+
+define(Op("vector_norm", ("x",), {"axis": None, "keepdims": False, "ord": 2}, _vector_norm_meta,
+          lambda x, axis, **_: {"axis": normalize_axes(axis, x.ndim)}, family="linalg", lift="floating",
+          examples=_vector_norm_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.float64),), {"axis": 3}, AxisError), doc="Vector norm over axis."))

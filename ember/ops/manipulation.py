@@ -1,0 +1,319 @@
+"""Manipulation operations (the standard's manipulation section, plus astype)."""
+
+from __future__ import annotations
+
+import math
+
+from .. import dtypes as dt
+from ..errors import ArgumentError, AxisError, ShapeError
+from . import samples
+from .table import (REQUIRED, Meta, Op, as_int, as_shape, broadcast_shapes, define, fmt_shape, normalize_axes,
+                    normalize_axis, require_same_dtype)
+
+
+def _astype_examples(g):
+    return (g.array(g.shape(), g.dtype("real numeric"), low=0, high=100),), {"dtype": g.dtype("real numeric"), "copy": True}
+
+
+define(Op("astype", ("x",), {"dtype": REQUIRED, "copy": True}, lambda x, dtype, copy: Meta(x.shape, dtype),
+          lambda x, dtype, copy: {"dtype": _as_dtype(dtype)}, family="data type", positional=("dtype", "/"),
+          examples=_astype_examples, doc="Copy of x cast to dtype."))
+
+
+def _as_dtype(dtype):
+    if not isinstance(dtype, dt.DType):
+        raise ArgumentError(f"dtype must be an ember dtype, got {dtype!r}")
+    return dtype
+
+
+def _broadcast_to_meta(x, shape):
+    if broadcast_shapes(x.shape, shape) != shape or x.ndim > len(shape):
+        raise ShapeError(f"cannot broadcast shape {fmt_shape(x.shape)} to {fmt_shape(shape)}")
+    return Meta(shape, x.dtype)
+
+
+def _broadcast_to_examples(g):
+    shape = g.shape()
+    target = tuple(g.choice([s, 1]) for s in shape)[g.integer(0, len(shape)):] if shape else ()
+    return (g.array(target, g.dtype("any")),), {"shape": shape}
+
+
+define(Op("broadcast_to", ("x",), {"shape": REQUIRED}, _broadcast_to_meta, lambda x, shape: {"shape": as_shape(shape)},
+          family="manipulation", positional=("shape",), examples=_broadcast_to_examples,
+          bad_examples=lambda g: ((g.array((3,), g.dtype("any")),), {"shape": (2,)}, ShapeError),
+          doc="x broadcast to shape."))
+
+
+def _concat_meta(*arrays, axis):
+    if not arrays:
+        raise ArgumentError("needs at least one array")
+    dtype = require_same_dtype(*arrays)
+    if axis is None:
+        return Meta((sum(math.prod(a.shape) for a in arrays),), dtype)
+    first = arrays[0]
+    if first.ndim == 0:
+        raise ShapeError("cannot concatenate 0-d arrays")
+    axis = normalize_axis(axis, first.ndim)
+    for a in arrays[1:]:
+        if a.ndim != first.ndim or any(s != t for i, (s, t) in enumerate(zip(a.shape, first.shape)) if i != axis):
+            raise ShapeError(f"shapes {', '.join(fmt_shape(b.shape) for b in arrays)} do not match beside axis {axis}")
+    shape = list(first.shape)
+    shape[axis] = sum(a.shape[axis] for a in arrays)
+    return Meta(tuple(shape), dtype)
+
+
+def _concat_examples(g):
+    shape = g.shape(min_dims=1)
+    axis = g.integer(-len(shape), len(shape) - 1)
+    dtype = g.dtype("any")
+    arrays = []
+    for _ in range(g.integer(1, 3)):
+        s = list(shape)
+        s[axis] = g.integer(0, 3)
+        arrays.append(g.array(tuple(s), dtype))
+    return tuple(arrays), {"axis": axis}
+
+
+define(Op("concat", ("*arrays",), {"axis": 0}, _concat_meta, promote_inputs=True, family="manipulation", examples=_concat_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((2, 4), dt.float64)), {"axis": 0}, ShapeError),
+          doc="Join arrays along an existing axis (flattened when axis is None)."))
+
+
+def _stack_meta(*arrays, axis):
+    if not arrays:
+        raise ArgumentError("needs at least one array")
+    dtype = require_same_dtype(*arrays)
+    if any(a.shape != arrays[0].shape for a in arrays):
+        raise ShapeError(f"arrays must share one shape, got {', '.join(fmt_shape(a.shape) for a in arrays)}")
+    axis = normalize_axis(axis, arrays[0].ndim + 1)
+    shape = list(arrays[0].shape)
+    shape.insert(axis, len(arrays))
+    return Meta(tuple(shape), dtype)
+
+
+def _stack_examples(g):
+    shape, dtype = g.shape(), g.dtype("any")
+    return tuple(g.array(shape, dtype) for _ in range(g.integer(1, 3))), {"axis": g.integer(-len(shape) - 1, len(shape))}
+
+
+define(Op("stack", ("*arrays",), {"axis": 0}, _stack_meta, promote_inputs=True, family="manipulation", examples=_stack_examples,
+          bad_examples=lambda g: ((g.array((2,), dt.int32), g.array((3,), dt.int32)), {"axis": 0}, ShapeError),
+          doc="Join arrays of one shape along a new axis."))
+
+
+def _expand_dims_meta(x, axis):
+    axes = normalize_axes(axis, x.ndim + (1 if isinstance(axis, int) else len(axis)))
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return Meta(tuple(shape), x.dtype)
+
+
+def _expand_dims_examples(g):
+    shape = g.shape(max_dims=3)
+    return (g.array(shape, g.dtype("any")),), {"axis": g.integer(-len(shape) - 1, len(shape))}
+
+
+define(Op("expand_dims", ("x",), {"axis": REQUIRED}, _expand_dims_meta, family="manipulation", positional=("axis",),
+          examples=_expand_dims_examples, bad_examples=lambda g: ((g.array((2,), dt.int64),), {"axis": 3}, AxisError),
+          doc="Insert a size-1 axis at position axis."))
+
+
+define(Op("flip", ("x",), {"axis": None}, lambda x, axis: Meta(x.shape, x.dtype), lambda x, axis: {"axis": normalize_axes(axis, x.ndim)},
+          family="manipulation", examples=lambda g: _axis_recipe(g, "any"), bad_examples=samples.bad_axis("any"),
+          doc="Reverse the order of elements along axis (all axes when None)."))
+
+
+def _axis_recipe(g, category):
+    """One array and an axis that is None, an int or a tuple."""
+    shape = g.shape()
+    ndim = len(shape)
+    axis = None if not ndim or g.flag() else g.choice([g.integer(-ndim, ndim - 1), tuple(sorted({g.integer(0, ndim - 1) for _ in range(2)}))])
+    return (g.array(shape, g.dtype(category)),), {"axis": axis}
+
+
+def _moveaxis_meta(x, source, destination):
+    src = (source,) if isinstance(source, int) else tuple(source)
+    dst = (destination,) if isinstance(destination, int) else tuple(destination)
+    if len(src) != len(dst):
+        raise ArgumentError(f"source {source!r} and destination {destination!r} differ in length")
+    src = [normalize_axis(a, x.ndim, "source") for a in src]
+    dst = [normalize_axis(a, x.ndim, "destination") for a in dst]
+    if len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        raise AxisError(f"repeated axis in source {source!r} or destination {destination!r}")
+    order = [a for a in range(x.ndim) if a not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return Meta(tuple(x.shape[a] for a in order), x.dtype)
+
+
+def _moveaxis_examples(g):
+    shape = g.shape(min_dims=1)
+    n = len(shape)
+    return (g.array(shape, g.dtype("any")),), {"source": g.integer(-n, n - 1), "destination": g.integer(-n, n - 1)}
+
+
+define(Op("moveaxis", ("x",), {"source": REQUIRED, "destination": REQUIRED}, _moveaxis_meta, family="manipulation",
+          positional=("source", "destination", "/"), examples=_moveaxis_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"source": 2, "destination": 0}, AxisError),
+          doc="Move axes from source positions to destination positions."))
+
+
+def _permute_meta(x, axes):
+    axes = tuple(axes)
+    if sorted(normalize_axis(a, x.ndim) for a in axes) != list(range(x.ndim)):
+        raise AxisError(f"axes {axes!r} are not a permutation of the {x.ndim} axes of shape {fmt_shape(x.shape)}")
+    return Meta(tuple(x.shape[a] for a in axes), x.dtype)
+
+
+def _permute_examples(g):
+    shape = g.shape()
+    axes = list(range(len(shape)))
+    return (g.array(shape, g.dtype("any")),), {"axes": tuple(g.permutation(axes))}
+
+
+define(Op("permute_dims", ("x",), {"axes": REQUIRED}, _permute_meta,
+          lambda x, axes: {"axes": tuple(normalize_axis(a, x.ndim) for a in axes) if len(axes) == x.ndim else tuple(axes)},
+          family="manipulation", positional=("axes",), examples=_permute_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"axes": (0, 0)}, AxisError),
+          doc="Permute the axes of x."))
+
+
+def _repeat_meta(x, repeats, axis):
+    size = math.prod(x.shape) if axis is None else x.shape[axis]
+    if isinstance(repeats, tuple):
+        if len(repeats) not in (1, size):
+            raise ShapeError(f"{len(repeats)} repeats do not match {size} elements")
+        if any(r < 0 for r in repeats):
+            raise ArgumentError(f"repeats must be non-negative, got {repeats!r}")
+        total = sum(repeats) if len(repeats) == size else repeats[0] * size
+    else:
+        if repeats < 0:
+            raise ArgumentError(f"repeats must be non-negative, got {repeats}")
+        total = repeats * size
+    if axis is None:
+        return Meta((total,), x.dtype)
+    shape = list(x.shape)
+    shape[axis] = total
+    return Meta(tuple(shape), x.dtype)
+
+
+def _repeat_canon(x, repeats, axis):
+    repeats = tuple(as_int(r, "repeats") for r in repeats) if isinstance(repeats, (tuple, list)) else as_int(repeats, "repeats")
+    return {"repeats": repeats, "axis": None if axis is None else normalize_axis(axis, x.ndim)}
+
+
+def _repeat_examples(g):
+    shape = g.shape(min_dims=1)
+    axis = g.integer(0, len(shape) - 1)
+    repeats = g.choice([g.integer(0, 3), tuple(g.integer(0, 3) for _ in range(shape[axis]))])
+    return (g.array(shape, g.dtype("any")),), {"repeats": repeats, "axis": axis}
+
+
+define(Op("repeat", ("x",), {"repeats": REQUIRED, "axis": None}, _repeat_meta, _repeat_canon, family="manipulation",
+          positional=("repeats", "/"), examples=_repeat_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"repeats": -1, "axis": 0}, ArgumentError),
+          doc="Repeat each element of x (along axis, or of the flattened x)."))
+
+
+def _reshape_canon(x, shape, copy):
+    shape = tuple(as_int(s, "shape") for s in ((shape,) if isinstance(shape, int) else shape))
+    size = math.prod(x.shape)
+    if shape.count(-1) > 1 or any(s < -1 for s in shape):
+        raise ShapeError(f"cannot reshape {fmt_shape(x.shape)} to {fmt_shape(shape)}: at most one -1 and no other negative size")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if known == 0 or size % known:
+            raise ShapeError(f"cannot reshape array of size {size} into shape {fmt_shape(shape)}")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    if math.prod(shape) != size:
+        raise ShapeError(f"cannot reshape array of size {size} into shape {fmt_shape(shape)}")
+    return {"shape": shape}
+
+
+def _reshape_examples(g):
+    shape = g.shape()
+    size = math.prod(shape)
+    target = g.choice([(size,), (-1,), tuple(reversed(shape)), shape + (1,)])
+    return (g.array(shape, g.dtype("any")),), {"shape": target, "copy": None}
+
+
+define(Op("reshape", ("x",), {"shape": REQUIRED, "copy": None}, lambda x, shape, copy: Meta(shape, x.dtype), _reshape_canon,
+          family="manipulation", positional=("shape",), examples=_reshape_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"shape": (4,), "copy": None}, ShapeError),
+          doc="x with a new shape of the same size (one dimension may be -1)."))
+
+
+def _roll_canon(x, shift, axis):
+    shift = tuple(as_int(s, "shift") for s in shift) if isinstance(shift, (tuple, list)) else as_int(shift, "shift")
+    if axis is None:
+        return {"shift": shift, "axis": None}
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = tuple(normalize_axis(a, x.ndim) for a in axes)
+    shifts = shift if isinstance(shift, tuple) else (shift,) * len(axes)
+    if len(shifts) != len(axes):
+        raise ArgumentError(f"shift {shift!r} and axis {axis!r} differ in length")
+    return {"shift": shifts, "axis": axes}
+
+
+def _roll_examples(g):
+    (x,), attrs = _axis_recipe(g, "any")
+    axis = attrs["axis"]
+    shift = g.integer(-5, 5) if not isinstance(axis, tuple) else tuple(g.integer(-5, 5) for _ in axis)
+    return (x,), {"shift": shift, "axis": axis}
+
+
+define(Op("roll", ("x",), {"shift": REQUIRED, "axis": None}, lambda x, shift, axis: Meta(x.shape, x.dtype), _roll_canon,
+          family="manipulation", positional=("shift",), examples=_roll_examples, bad_examples=samples.bad_axis("any"),
+          doc="Roll elements along axis (of the flattened x when axis is None)."))
+
+
+def _squeeze_meta(x, axis):
+    for a in axis:
+        if x.shape[a] != 1:
+            raise ShapeError(f"cannot squeeze axis {a} of size {x.shape[a]} in shape {fmt_shape(x.shape)}")
+    return Meta(tuple(s for i, s in enumerate(x.shape) if i not in axis), x.dtype)
+
+
+def _squeeze_examples(g):
+    shape = g.shape(min_dims=1)
+    i = g.integer(0, len(shape) - 1)
+    shape = shape[:i] + (1,) + shape[i + 1:]
+    return (g.array(shape, g.dtype("any")),), {"axis": g.choice([i, i - len(shape), (i,)])}
+
+
+define(Op("squeeze", ("x",), {"axis": REQUIRED}, _squeeze_meta, lambda x, axis: {"axis": normalize_axes(axis, x.ndim)},
+          family="manipulation", positional=("axis",), examples=_squeeze_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"axis": 0}, ShapeError),
+          doc="Remove size-1 axes."))
+
+
+def _tile_meta(x, repetitions):
+    reps = tuple(repetitions)
+    if any(r < 0 for r in reps):
+        raise ArgumentError(f"repetitions must be non-negative, got {reps!r}")
+    n = max(len(reps), x.ndim)
+    shape = (1,) * (n - x.ndim) + x.shape
+    reps = (1,) * (n - len(reps)) + reps
+    return Meta(tuple(s * r for s, r in zip(shape, reps)), x.dtype)
+
+
+define(Op("tile", ("x",), {"repetitions": REQUIRED}, _tile_meta,
+          lambda x, repetitions: {"repetitions": tuple(as_int(r, "repetitions") for r in repetitions)},
+          family="manipulation", positional=("repetitions", "/"),
+          examples=lambda g: ((g.array(g.shape(max_dims=3), g.dtype("any")),), {"repetitions": tuple(g.integer(0, 3) for _ in range(g.integer(0, 4)))}),
+          bad_examples=lambda g: ((g.array((2,), dt.int64),), {"repetitions": (-1,)}, ArgumentError),
+          doc="Tile x by repetitions along each axis."))
+
+
+def _unstack_meta(x, axis):
+    if x.ndim == 0:
+        raise ShapeError("cannot unstack a 0-d array")
+    rest = x.shape[:axis] + x.shape[axis + 1:]
+    return tuple(Meta(rest, x.dtype) for _ in range(x.shape[axis]))
+
+
+define(Op("unstack", ("x",), {"axis": 0}, _unstack_meta, lambda x, axis: {"axis": normalize_axis(axis, max(x.ndim, 1))},
+          family="manipulation", multiple=True,
+          examples=lambda g: (lambda s: ((g.array(s, g.dtype("any")),), {"axis": g.integer(-len(s), len(s) - 1)}))(g.shape(min_dims=1)),
+          bad_examples=samples.bad_axis("any"), doc="Split x along axis into a tuple of arrays."))

@@ -1,0 +1,223 @@
+"""Layer 2 — the op table: one :class:`Op` row per operation, and the helpers rules share.
+
+A row holds everything ember knows about an operation that is not a backend kernel: its name,
+array inputs, attributes with defaults, a *meta rule* (output shapes and dtypes from input
+shapes and dtypes, never data), an optional *canon rule* (attributes made explicit: defaults
+resolved, axes normalised, so every backend and the wire see the same explicit op), example
+inputs for the generated tests, and later its gradient rule. Engines, the wire and capture
+read rows generically; nothing else computes shapes or dtypes.
+
+An op instance is plain data: ``(op name, input ids, output metas, attributes)`` where
+attributes are None, bool, int, float, complex, str, DType or tuples of those.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+from .. import dtypes as dt
+from ..errors import ArgumentError, AxisError, DTypeError, EmberError, ShapeError, with_prefix
+
+
+class Meta(NamedTuple):
+    """What is known of an array without its data: shape and dtype.
+
+    A dimension is ``None`` only for a data-dependent output before it is computed.
+    """
+
+    shape: tuple
+    dtype: dt.DType
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int | None:
+        return None if None in self.shape else math.prod(self.shape)
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED = _Required()  # an attribute without a default: the caller must give it
+NO_GRADIENT = "no gradient"  # the grad rule of an op whose outputs carry no gradient
+
+
+@dataclass(eq=False)
+class Op:
+    """One row of the op table.
+
+    ``inputs`` names the array inputs; a name starting with ``*`` takes any number of arrays.
+    ``attrs`` maps attribute names to defaults. ``meta(*metas, **attrs)`` returns a Meta or a
+    tuple of Metas (``multiple=True``). ``canon(*metas, **attrs)`` returns a dict of attribute
+    values to replace (explicit defaults). ``examples(g)`` and ``bad_examples(g)`` feed the
+    generated tests (see tests/generators.py for ``g``). ``lift`` names a dtype category whose
+    default dtype the namespace casts lower-kind inputs to (``sqrt(int)`` is float64).
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    attrs: dict[str, Any]
+    meta: Callable[..., Any]
+    canon: Callable[..., dict] | None = None
+    family: str = ""
+    multiple: bool = False
+    data_dependent: bool = False  # outputs may have data-dependent sizes: a None in their meta's shape
+    positional: tuple[str, ...] = ()  # attrs also taken positionally; those before a "/" only so
+    lift: str | None = None  # the namespace casts bool/integer inputs to the default float dtype
+    promote_inputs: bool = False  # the namespace casts all array inputs to their common dtype
+    examples: Callable | None = None
+    bad_examples: Callable | None = None
+    grad: Any = None
+    doc: str = ""
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def variadic(self) -> bool:
+        return bool(self.inputs) and self.inputs[0].startswith("*")
+
+    def infer(self, metas: tuple, attrs: dict) -> tuple[dict, tuple]:
+        """Canonical attributes and output metas for inputs ``metas``; errors name the op.
+
+        Results are cached by (metas, attrs): the rules are pure, and a chain of the same op
+        on the same shapes pays for the rule once. The cache keeps only the attributes that
+        the canon rule replaced, so values it left alone (-0.0 beside 0.0) are never swapped.
+        """
+        try:
+            values = tuple(attrs.values())
+            # types are part of the key: True, 1 and 1.0 are equal but give different dtypes
+            key = (metas, values, tuple(map(type, values))) if values else metas
+            replaced, out = self._cache[key]
+            return ({**attrs, **replaced} if replaced else attrs), out
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable attribute: compute without caching
+            key = None
+        try:
+            replaced = self.canon(*metas, **attrs) if self.canon is not None else None
+            if replaced:
+                attrs = {**attrs, **replaced}
+            out = self.meta(*metas, **attrs)
+        except EmberError as error:
+            raise with_prefix(error, self.name) from None
+        out = (out,) if type(out) is Meta else out
+        if key is not None:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = (replaced, out)
+        return attrs, out
+
+    def __repr__(self) -> str:
+        return f"<op {self.name}>"
+
+
+OPS: dict[str, Op] = {}
+
+
+def define(op: Op) -> Op:
+    """Add ``op`` to the table (each name once)."""
+    if op.name in OPS:
+        raise ValueError(f"op {op.name!r} defined twice")
+    OPS[op.name] = op
+    return op
+
+
+# --- helpers the rules share -----------------------------------------------------------------
+
+def fmt_shape(shape) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def require(dtype: dt.DType, category: str, what: str = "input") -> None:
+    """Raise DTypeError unless ``dtype`` is in ``category``."""
+    if not dt.in_category(dtype, category):
+        raise DTypeError(f"{what} must have a {category} dtype, got {dtype}")
+
+
+def require_same_dtype(*metas: Meta) -> dt.DType:
+    first = metas[0].dtype
+    for m in metas[1:]:
+        if m.dtype is not first:
+            raise DTypeError(f"inputs must share one dtype, got {', '.join(str(m.dtype) for m in metas)}")
+    return first
+
+
+def require_ndim(meta: Meta, at_least: int, what: str = "input") -> None:
+    if meta.ndim < at_least:
+        raise ShapeError(f"{what} must have at least {at_least} dimension{'s' if at_least > 1 else ''}, got shape {fmt_shape(meta.shape)}")
+
+
+def broadcast_shapes(*shapes: tuple) -> tuple:
+    """The broadcast of ``shapes`` (NumPy rules); ShapeError names them when they don't fit."""
+    if len(shapes) == 2 and shapes[0] == shapes[1]:
+        return shapes[0]
+    ndim = max(len(s) for s in shapes)
+    out = []
+    for i in range(-ndim, 0):
+        size = 1
+        for s in shapes:
+            if -i <= len(s):
+                d = s[i]
+                if d == 1 or d == size:
+                    continue
+                if size == 1:
+                    size = d
+                elif d is None or size is None:
+                    size = None
+                else:
+                    raise ShapeError(f"shapes {' and '.join(fmt_shape(s) for s in shapes)} cannot be broadcast together")
+        out.append(size)
+    return tuple(out)
+
+
+def normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise ArgumentError(f"{what} must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise AxisError(f"{what} {axis} is out of bounds for an array of dimension {ndim}")
+    return axis % ndim if ndim else 0
+
+
+def normalize_axes(axis, ndim: int) -> tuple | None:
+    """``None`` stays None (all axes); an int or a sequence becomes a sorted tuple of distinct axes."""
+    if axis is None:
+        return None
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    normalized = tuple(normalize_axis(a, ndim) for a in axes)
+    if len(set(normalized)) != len(normalized):
+        raise AxisError(f"repeated axis in {axis!r}")
+    return tuple(sorted(normalized))
+
+
+def reduced_shape(shape: tuple, axes: tuple | None, keepdims: bool) -> tuple:
+    if axes is None:
+        axes = tuple(range(len(shape)))
+    if keepdims:
+        return tuple(1 if i in axes else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in axes)
+
+
+def as_int(value, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        if hasattr(value, "__index__"):
+            return value.__index__()
+        raise ArgumentError(f"{what} must be an int, got {value!r}")
+    return value
+
+
+def as_shape(shape, what: str = "shape") -> tuple:
+    """A shape argument as a tuple of ints (an int means a 1-d shape)."""
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        shape = tuple(as_int(s, what) for s in shape)
+    except TypeError:
+        raise ArgumentError(f"{what} must be an int or a sequence of ints, got {shape!r}") from None
+    if any(s < 0 for s in shape):
+        raise ShapeError(f"{what} {fmt_shape(shape)} has a negative dimension")
+    return shape
