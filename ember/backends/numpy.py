@@ -128,7 +128,8 @@ KERNELS = {
     "fftn": _fftn(np.fft.fftn), "ifftn": _fftn(np.fft.ifftn), "rfftn": _fftn(np.fft.rfftn), "irfftn": _fftn(np.fft.irfftn),
     "fftfreq": lambda n, d, dtype: np.fft.fftfreq(n, d).astype(NATIVE[dtype], copy=False),
     "rfftfreq": lambda n, d, dtype: np.fft.rfftfreq(n, d).astype(NATIVE[dtype], copy=False),
-    "fftshift": lambda x, axes: np.fft.fftshift(x, axes), "ifftshift": lambda x, axes: np.fft.ifftshift(x, axes),
+    "fftshift": lambda x, axes: np.fft.fftshift(x, axes) if axes else x.copy(),
+    "ifftshift": lambda x, axes: np.fft.ifftshift(x, axes) if axes else x.copy(),
 }
 
 

@@ -16,6 +16,7 @@ class LocalEngine(Engine):
         self.backend = backend
         self._kernels = backend.kernels
         self._native_type = backend.native_type
+        self._dtypes = frozenset(backend.dtypes)
         self.ops_executed = 0
 
     def execute(self, op, inputs, attrs, metas):
@@ -24,6 +25,10 @@ class LocalEngine(Engine):
         except KeyError:
             reason = self.backend.gaps.get(op.name, "no kernel")
             raise NotSupportedError(f"{op.name}: not supported on {self.backend.device_name} ({reason})") from None
+        for meta in metas:
+            if meta.dtype not in self._dtypes:
+                raise NotSupportedError(f"{op.name}: {self.backend.device_name} does not support {meta.dtype} results; "
+                                        f"ask for another dtype (e.g. dtype=int64)")
         try:
             out = kernel(*inputs, **attrs)
         except EmberError:

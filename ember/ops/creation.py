@@ -72,7 +72,7 @@ define(Op("full", (), {"shape": REQUIRED, "fill_value": REQUIRED, "dtype": None}
 
 define(Op("empty", (), {"shape": REQUIRED, "dtype": None}, lambda shape, dtype: Meta(shape, dtype),
           lambda shape, dtype: {"shape": as_shape(shape), "dtype": dtype or dt.default_float}, family="creation",
-          examples=None, bad_examples=lambda g: ((), {"shape": (-1,), "dtype": None}, ValueError),
+          examples=lambda g: ((), {"shape": g.shape(), "dtype": g.dtype("any")}), determined=(), bad_examples=lambda g: ((), {"shape": (-1,), "dtype": None}, ValueError),
           doc="An uninitialised array of shape."))
 
 

@@ -114,7 +114,9 @@ def _getitem_examples(g):
     shape = g.shape(min_dims=1, min_side=1)
     key = []
     for size in shape[:g.integer(1, len(shape))]:
-        key.append(g.choice([g.integer(-size, size - 1), ("s", g.choice([None, 0, 1]), g.choice([None, size, -1]), g.choice([None, 1, 2, -1])), None]))
+        key.append(g.choice([g.integer(-size, size - 1), ("s", g.choice([None, 0, 1]), g.choice([None, size, -1]), g.choice([None, 1, 2, -1]))]))
+    for _ in range(g.integer(0, 2)):
+        key.insert(g.integer(0, len(key)), None)
     if g.flag():
         key.insert(g.integer(0, len(key)), ELLIPSIS)
     return (g.array(shape, g.dtype("any")),), {"key": tuple(key)}

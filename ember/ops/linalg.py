@@ -128,8 +128,8 @@ def _not_square(g):
     return (g.array((2, 3), g.dtype("real floating")),), {}, ShapeError
 
 
-def _matrix_op(name, meta, *, attrs=None, square=True, multiple=False, canon=None, examples=None, doc=""):
-    define(Op(name, ("x",), attrs or {}, meta, canon, family="linalg", multiple=multiple, lift="floating",
+def _matrix_op(name, meta, *, attrs=None, square=True, multiple=False, canon=None, examples=None, determined=None, doc=""):
+    define(Op(name, ("x",), attrs or {}, meta, canon, family="linalg", multiple=multiple, lift="floating", determined=determined,
               examples=examples or _matrices(square=square), bad_examples=_not_square if square else None, doc=doc))
 
 
@@ -165,7 +165,7 @@ _matrix_op("det", lambda x: (_square(x), Meta(x.shape[:-2], x.dtype))[1], doc="D
 _matrix_op("slogdet", lambda x: (_square(x), (Meta(x.shape[:-2], x.dtype), Meta(x.shape[:-2], dt.real_of(x.dtype))))[1],
            multiple=True, examples=_well_conditioned, doc="Sign and log of the absolute determinant.")
 _matrix_op("eigh", lambda x: (_square(x), (Meta(x.shape[:-1], dt.real_of(x.dtype)), Meta(x.shape, x.dtype)))[1],
-           multiple=True, examples=_symmetric, doc="Eigenvalues and eigenvectors of a Hermitian matrix.")
+           multiple=True, examples=_symmetric, determined=(0,), doc="Eigenvalues and eigenvectors of a Hermitian matrix.")
 _matrix_op("eigvalsh", lambda x: (_square(x), Meta(x.shape[:-1], dt.real_of(x.dtype)))[1], examples=_symmetric,
            doc="Eigenvalues of a Hermitian matrix.")
 
@@ -205,9 +205,9 @@ def _svd_meta(x, full_matrices):
     return Meta(batch + (m, u), x.dtype), Meta(batch + (k,), dt.real_of(x.dtype)), Meta(batch + (v, n), x.dtype)
 
 
-define(Op("qr", ("x",), {"mode": "reduced"}, _qr_meta, family="linalg", multiple=True, lift="floating",
+define(Op("qr", ("x",), {"mode": "reduced"}, _qr_meta, family="linalg", multiple=True, lift="floating", determined=(),
           examples=lambda g: (_matrices()(g)[0], {"mode": g.choice(["reduced", "complete"])}), doc="QR decomposition."))
-define(Op("svd", ("x",), {"full_matrices": True}, _svd_meta, family="linalg", multiple=True, lift="floating",
+define(Op("svd", ("x",), {"full_matrices": True}, _svd_meta, family="linalg", multiple=True, lift="floating", determined=(1,),
           examples=lambda g: (_matrices()(g)[0], {"full_matrices": g.flag()}), doc="Singular value decomposition."))
 define(Op("svdvals", ("x",), {}, lambda x: (lambda b, m, n, k: Meta(b + (k,), dt.real_of(x.dtype)))(*_general(x)),
           family="linalg", lift="floating", examples=_matrices(), doc="Singular values."))
@@ -308,11 +308,13 @@ def _vector_norm_meta(x, axis, keepdims, ord):
     require(x.dtype, "floating")
     if isinstance(ord, bool) or not isinstance(ord, (int, float)):
         raise ArgumentError(f"ord must be a number, got {ord!r}")
+    if ord in (float("inf"), float("-inf")) and 0 in [x.shape[a] for a in (range(x.ndim) if axis is None else axis)]:
+        raise ShapeError(f"the {ord} norm of a zero-size axis of shape {fmt_shape(x.shape)} is undefined (no identity)")
     return Meta(reduced_shape(x.shape, axis, keepdims), dt.real_of(x.dtype))
 
 
 def _vector_norm_examples(g):
-    shape = g.shape()
+    shape = g.shape(min_side=1)
     axes = None if not shape or g.flag() else (g.integer(0, len(shape) - 1),)
     return (g.array(shape, g.dtype("floating")),), {"axis": axes, "keepdims": g.flag(), "ord": g.choice([2, 1, 0, float("inf"), 3])}
 

@@ -264,7 +264,8 @@ def _roll_examples(g):
 
 
 define(Op("roll", ("x",), {"shift": REQUIRED, "axis": None}, lambda x, shift, axis: Meta(x.shape, x.dtype), _roll_canon,
-          family="manipulation", positional=("shift",), examples=_roll_examples, bad_examples=samples.bad_axis("any"),
+          family="manipulation", positional=("shift",), examples=_roll_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"shift": 1, "axis": 2}, AxisError),
           doc="Roll elements along axis (of the flattened x when axis is None)."))
 
 

@@ -32,7 +32,7 @@ def reduction(name, category, result, *, lift=None, canon=_axes_canon, extra_att
     extra_attrs = extra_attrs or {}
     define(Op(name, ("x",), {"axis": None, **extra_attrs, "keepdims": False}, meta, canon, family="reduction",
               lift=lift, doc=doc,
-              examples=samples.reduction(lift or category, extra=_extra_examples(extra_attrs)),
+              examples=samples.reduction(lift or category, extra=_extra_examples(extra_attrs), min_side=int(nonempty)),
               bad_examples=samples.bad_axis(lift or category)))
 
 

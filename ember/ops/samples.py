@@ -68,10 +68,10 @@ def mismatched_shapes(category):
     return recipe
 
 
-def reduction(category, axis_kind="axes", extra=None):
+def reduction(category, axis_kind="axes", extra=None, min_side=0):
     """One array and an ``axis`` (None, an int, or a tuple when ``axis_kind="axes"``), ``keepdims``."""
     def recipe(g):
-        shape = g.shape(min_dims=1 if axis_kind == "axis" else 0)
+        shape = g.shape(min_dims=1 if axis_kind == "axis" else 0, min_side=min_side)
         ndim = len(shape)
         if ndim == 0 or (axis_kind != "axis" and g.flag()):
             axis = None

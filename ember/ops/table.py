@@ -73,6 +73,7 @@ class Op:
     promote_inputs: bool = False  # the namespace casts all array inputs to their common dtype
     examples: Callable | None = None
     bad_examples: Callable | None = None
+    determined: tuple | None = None  # outputs fixed by the inputs (None: all); not e.g. eigenvector signs
     grad: Any = None
     doc: str = ""
     _cache: dict = field(default_factory=dict, repr=False)

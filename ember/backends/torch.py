@@ -1,0 +1,331 @@
+"""The PyTorch backend: torch:cpu and torch:cuda:N through one code path.
+
+Kernels are torch functions, through array_api_compat where its wrappers give the standard's
+semantics. PyTorch lacks arithmetic on uint16/uint32/uint64, so this backend declares those
+dtypes unsupported (``dtypes`` below) instead of failing inside kernels.
+"""
+
+from __future__ import annotations
+
+import array_api_compat.torch as compat
+import array_api_compat.torch.linalg as compat_linalg
+import numpy as np
+import torch
+
+from .. import dtypes as dt
+from ..errors import NotSupportedError
+from ..ops.creation import arange_length
+from ..ops.indexing import decode_key
+from .base import Backend
+
+SUPPORTED = tuple(d for d in dt.ALL if d not in (dt.uint16, dt.uint32, dt.uint64))
+NATIVE = {d: getattr(torch, d.name) for d in SUPPORTED}
+EMBER = {v: k for k, v in NATIVE.items()}
+
+
+def _scalars_as_tensors(function):
+    """Binary kernels: a Python scalar operand becomes a 0-d tensor of the other's dtype
+    (several torch functions accept tensors only)."""
+    def kernel(x1, x2):
+        if not isinstance(x1, torch.Tensor):
+            x1 = torch.tensor(x1, dtype=x2.dtype, device=x2.device)
+        elif not isinstance(x2, torch.Tensor):
+            x2 = torch.tensor(x2, dtype=x1.dtype, device=x1.device)
+        return function(x1, x2)
+    return kernel
+
+
+def _native_key(x, key, arrays):
+    """``(axes to flip, torch key)`` for ember's key template. Torch has no negative-step
+    slices: those axes are flipped and the slice mirrored. Integers become 0-d tensors beside index arrays, so
+    they count as advanced indices as in NumPy."""
+    has_arrays = any(type(item) is tuple and item[0] == "a" for item in key)
+    ndim = x.ndim
+    consumed = sum(arrays[item[1]].ndim if type(item) is tuple and item[0] == "a" and arrays[item[1]].dtype == torch.bool
+                   else 0 if item is None or item == "..." else 1 for item in key)
+    dim = 0
+    flips = []
+    out = []
+    for item in key:
+        if type(item) is tuple and item[0] == "s":
+            _, start, stop, step = item
+            if step is not None and step < 0:
+                size = x.shape[dim]
+                picked = range(*slice(start, stop, step).indices(size))
+                flips.append(dim)
+                out.append(slice(size - 1 - picked[0], size - picked[-1], -step) if len(picked) else slice(0, 0))
+            else:
+                out.append(slice(start, stop, step))
+            dim += 1
+        elif type(item) is tuple:
+            index = arrays[item[1]]
+            out.append(index)
+            dim += index.ndim if index.dtype == torch.bool else 1
+        elif item is None:
+            out.append(None)
+        elif item == "...":
+            out.append(Ellipsis)
+            dim += ndim - consumed
+        else:
+            out.append(torch.tensor(item, device=x.device) if has_arrays else item)
+            dim += 1
+    return flips, tuple(out)
+
+
+def _getitem(x, *indices, key):
+    flips, native = _native_key(x, key, indices)
+    return (torch.flip(x, flips) if flips else x)[native]
+
+
+def _setitem(x, value, *indices, key):
+    flips, native = _native_key(x, key, indices)
+    out = torch.flip(x, flips) if flips else x.clone()  # torch.flip copies
+    out[native] = value
+    return torch.flip(out, flips) if flips else out
+
+
+def _positive_indices(indices, size):
+    return torch.where(indices < 0, indices + size, indices)
+
+
+def _take(x, indices, axis):
+    axis = 0 if axis is None else axis
+    return torch.index_select(x, axis, _positive_indices(indices, x.shape[axis]))
+
+
+def _take_along_axis(x, indices, axis):
+    return torch.take_along_dim(x, _positive_indices(indices, x.shape[axis]), dim=axis)
+
+
+def _sum_like(function):
+    def kernel(x, axis, dtype, keepdims):
+        if axis == ():
+            return x.to(NATIVE[dtype], copy=True)
+        return function(x, axis=axis, dtype=NATIVE[dtype], keepdims=keepdims)
+    return kernel
+
+
+def _reduce(function):
+    def kernel(x, axis, keepdims, **attrs):
+        if axis == ():
+            return x.clone()
+        return function(x, axis=axis, keepdims=keepdims, **attrs)
+    return kernel
+
+
+def _cumulative(function):
+    return lambda x, axis, dtype, include_initial: function(x, axis=axis, dtype=NATIVE[dtype], include_initial=include_initial)
+
+
+def _fft(function):
+    return lambda x, n, axis, norm: function(x, n=n, dim=axis, norm=norm)
+
+
+def _fftn(function):
+    return lambda x, s, axes, norm: function(x, s=s, dim=axes, norm=norm)
+
+
+def _imag(x):
+    return x.imag if x.is_complex() else torch.zeros_like(x)
+
+
+def _round(x):
+    if x.is_complex():
+        return torch.complex(torch.round(x.real), torch.round(x.imag))
+    return torch.round(x) if x.is_floating_point() else x.clone()
+
+
+def _repeat(x, repeats, axis):
+    if isinstance(repeats, tuple):
+        repeats = torch.tensor(repeats, dtype=torch.int64, device=x.device)
+    return torch.repeat_interleave(x.reshape(-1) if axis is None else x, repeats, dim=0 if axis is None else axis)
+
+
+def _unique_all(x):
+    values, inverse, counts = torch.unique(x.reshape(-1), sorted=True, return_inverse=True, return_counts=True)
+    positions = torch.arange(inverse.numel(), device=x.device)
+    first = torch.full((values.numel(),), inverse.numel(), dtype=torch.int64, device=x.device)
+    first = first.scatter_reduce(0, inverse, positions, reduce="amin")
+    return values, first, inverse.reshape(x.shape), counts
+
+
+def _vecdot(x1, x2, axis):
+    if x1.is_floating_point() or x1.is_complex():
+        return torch.linalg.vecdot(x1, x2, dim=axis)
+    return torch.sum(x1 * x2, dim=axis, dtype=x1.dtype)  # torch's vecdot takes floating inputs only
+
+
+def _pow(x1, x2):
+    out = compat.pow(x1, x2)
+    if out.is_complex():  # torch gives nan for a complex 0 ** 0; the standard says 1
+        out = torch.where(x2 == 0, torch.ones_like(out), out)
+    return out
+
+
+def _unique(function):
+    return lambda x: tuple(function(x))
+
+
+_BINARY = {
+    "add": torch.add, "subtract": torch.subtract, "multiply": torch.multiply, "divide": torch.divide,
+    "pow": _pow, "equal": torch.eq, "not_equal": torch.ne, "greater": torch.gt, "greater_equal": torch.ge,
+    "less": torch.lt, "less_equal": torch.le, "floor_divide": torch.floor_divide, "remainder": torch.remainder,
+    "maximum": torch.maximum, "minimum": torch.minimum, "atan2": torch.atan2, "copysign": torch.copysign,
+    "hypot": torch.hypot, "nextafter": torch.nextafter, "logaddexp": torch.logaddexp,
+    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
+    "bitwise_left_shift": torch.bitwise_left_shift, "bitwise_right_shift": torch.bitwise_right_shift,
+    "logical_and": torch.logical_and, "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
+}
+
+KERNELS = {
+    "abs": torch.abs, "acos": torch.acos, "acosh": torch.acosh, "asin": torch.asin, "asinh": torch.asinh,
+    "atan": torch.atan, "atanh": torch.atanh, "bitwise_invert": torch.bitwise_not, "ceil": compat.ceil,
+    "conj": torch.conj_physical, "cos": torch.cos, "cosh": torch.cosh, "exp": torch.exp, "expm1": torch.expm1,
+    "floor": compat.floor, "imag": _imag, "isfinite": torch.isfinite, "isinf": torch.isinf, "isnan": torch.isnan,
+    "log": torch.log, "log1p": torch.log1p, "log2": torch.log2, "log10": torch.log10,
+    "logical_not": torch.logical_not, "negative": torch.negative, "positive": torch.clone, "real": torch.real,
+    "reciprocal": torch.reciprocal, "round": _round, "sign": compat.sign, "signbit": torch.signbit,
+    "sin": torch.sin, "sinh": torch.sinh, "sqrt": torch.sqrt, "square": torch.square, "tan": torch.tan,
+    "tanh": torch.tanh, "trunc": compat.trunc,
+    **{name: _scalars_as_tensors(function) for name, function in _BINARY.items()},
+    "where": torch.where, "tril": lambda x, k: torch.tril(x, k), "triu": lambda x, k: torch.triu(x, k),
+    # reductions, scans, searching, sorting, sets
+    "sum": _sum_like(compat.sum), "prod": _sum_like(compat.prod),
+    "max": _reduce(compat.max), "min": _reduce(compat.min), "mean": _reduce(compat.mean),
+    "std": _reduce(compat.std), "var": _reduce(compat.var),
+    "all": lambda x, axis, keepdims: compat.all(x, axis=axis, keepdims=keepdims) if axis != () else x.to(torch.bool),
+    "any": lambda x, axis, keepdims: compat.any(x, axis=axis, keepdims=keepdims) if axis != () else x.to(torch.bool),
+    "count_nonzero": lambda x, axis, keepdims: compat.count_nonzero(x, axis=axis, keepdims=keepdims).to(torch.int64)
+    if axis != () else (x != 0).to(torch.int64),
+    "argmax": lambda x, axis, keepdims: compat.argmax(x, axis=axis, keepdims=keepdims),
+    "argmin": lambda x, axis, keepdims: compat.argmin(x, axis=axis, keepdims=keepdims),
+    "cumulative_sum": _cumulative(compat.cumulative_sum), "cumulative_prod": _cumulative(compat.cumulative_prod),
+    "diff": lambda x, axis, n: torch.diff(x, n=n, dim=axis) if n else x.clone(),
+    "sort": lambda x, axis, descending, stable: compat.sort(x, axis=axis, descending=descending, stable=stable),
+    "argsort": lambda x, axis, descending, stable: compat.argsort(x, axis=axis, descending=descending, stable=stable),
+    "searchsorted": lambda x1, x2, side: torch.searchsorted(x1, x2, side=side),
+    "nonzero": lambda x: torch.nonzero(x, as_tuple=True),
+    "unique_values": compat.unique_values, "unique_counts": _unique(compat.unique_counts),
+    "unique_inverse": _unique(compat.unique_inverse), "unique_all": _unique_all,
+    # manipulation
+    "astype": lambda x, dtype, copy: x.to(NATIVE[dtype], copy=copy),
+    "broadcast_to": lambda x, shape: torch.broadcast_to(x, shape),
+    "concat": lambda *arrays, axis: torch.cat([a.reshape(-1) for a in arrays] if axis is None else arrays, dim=axis or 0),
+    "stack": lambda *arrays, axis: torch.stack(arrays, dim=axis),
+    "expand_dims": lambda x, axis: torch.unsqueeze(x, axis),
+    "flip": lambda x, axis: torch.flip(x, tuple(range(x.ndim)) if axis is None else axis),
+    "moveaxis": lambda x, source, destination: torch.movedim(x, source, destination),
+    "permute_dims": lambda x, axes: torch.permute(x, axes),
+    "repeat": _repeat,
+    "reshape": lambda x, shape, copy: compat.reshape(x, shape, copy=copy),
+    "roll": lambda x, shift, axis: torch.roll(x, shift, axis) if axis is not None else torch.roll(x, shift),
+    "squeeze": lambda x, axis: torch.squeeze(x, axis) if axis else x,
+    "tile": lambda x, repetitions: torch.tile(x, repetitions),
+    "unstack": lambda x, axis: torch.unbind(x, axis),
+    # indexing
+    "getitem": _getitem, "setitem": _setitem, "take": _take, "take_along_axis": _take_along_axis,
+    # linear algebra
+    "matmul": torch.matmul,
+    "tensordot": lambda x1, x2, axes: torch.tensordot(x1, x2, dims=(list(axes[0]), list(axes[1]))),
+    "vecdot": _vecdot,
+    "cholesky": lambda x, upper: torch.linalg.cholesky(x, upper=upper), "inv": torch.linalg.inv,
+    "det": torch.linalg.det, "slogdet": lambda x: tuple(torch.linalg.slogdet(x)),
+    "eigh": lambda x: tuple(torch.linalg.eigh(x)), "eigvalsh": torch.linalg.eigvalsh,
+    "matrix_power": lambda x, n: torch.linalg.matrix_power(x, n),
+    "qr": lambda x, mode: tuple(torch.linalg.qr(x, mode=mode)),
+    "svd": lambda x, full_matrices: tuple(torch.linalg.svd(x, full_matrices=full_matrices)),
+    "svdvals": torch.linalg.svdvals, "pinv": lambda x, rtol: torch.linalg.pinv(x, rtol=rtol),
+    "solve": compat_linalg.solve, "cross": lambda x1, x2, axis: compat_linalg.cross(x1, x2, axis=axis),
+    "diagonal": lambda x, offset: torch.diagonal(x, offset, dim1=-2, dim2=-1),
+    "trace": lambda x, offset, dtype: torch.sum(torch.diagonal(x, offset, dim1=-2, dim2=-1), dim=-1, dtype=NATIVE[dtype]),
+    "matrix_norm": lambda x, keepdims, ord: torch.linalg.matrix_norm(x, ord=ord, keepdim=keepdims),
+    "vector_norm": lambda x, axis, keepdims, ord: torch.linalg.vector_norm(x, ord=ord, dim=axis, keepdim=keepdims),
+    # fft
+    "fft": _fft(torch.fft.fft), "ifft": _fft(torch.fft.ifft), "rfft": _fft(torch.fft.rfft),
+    "irfft": _fft(torch.fft.irfft), "hfft": _fft(torch.fft.hfft), "ihfft": _fft(torch.fft.ihfft),
+    "fftn": _fftn(torch.fft.fftn), "ifftn": _fftn(torch.fft.ifftn), "rfftn": _fftn(torch.fft.rfftn),
+    "irfftn": _fftn(torch.fft.irfftn),
+    "fftshift": lambda x, axes: torch.fft.fftshift(x, axes) if axes else x.clone(),
+    "ifftshift": lambda x, axes: torch.fft.ifftshift(x, axes) if axes else x.clone(),
+}
+
+
+def _creation_kernels(device: torch.device) -> dict:
+    """Kernels without array inputs, which must be told the device."""
+    def arange(start, stop, step, dtype):
+        n = arange_length(start, stop, step)
+        if all(isinstance(v, int) for v in (start, stop, step)):
+            return torch.arange(start, start + n * step, step, dtype=NATIVE[dtype], device=device)[:n]
+        # NumPy's formula (start + i*step) so the length always matches the meta rule
+        return (start + step * torch.arange(n, dtype=torch.float64, device=device)).to(NATIVE[dtype])
+
+    return {
+        "arange": arange,
+        "full": lambda shape, fill_value, dtype: torch.full(shape, fill_value, dtype=NATIVE[dtype], device=device),
+        "empty": lambda shape, dtype: torch.empty(shape, dtype=NATIVE[dtype], device=device),
+        "eye": lambda n_rows, n_cols, k, dtype: compat.eye(n_rows, n_cols, k=k, dtype=NATIVE[dtype], device=device),
+        "linspace": lambda start, stop, num, dtype, endpoint: compat.linspace(start, stop, num, dtype=NATIVE[dtype], device=device, endpoint=endpoint),
+        "fftfreq": lambda n, d, dtype: torch.fft.fftfreq(n, d, dtype=NATIVE[dtype], device=device),
+        "rfftfreq": lambda n, d, dtype: torch.fft.rfftfreq(n, d, dtype=NATIVE[dtype], device=device),
+    }
+
+
+class TorchBackend(Backend):
+    """One torch device (cpu or cuda:N)."""
+
+    name = "torch"
+    native_type = torch.Tensor
+    dtypes = SUPPORTED
+    gaps: dict = {}
+
+    def __init__(self, device_name: str):
+        self.device_name = device_name
+        self.device = torch.device(device_name.split(":", 1)[1])
+        self.kernels = {**KERNELS, **_creation_kernels(self.device)}
+
+    def coerce(self, value):
+        return torch.as_tensor(value, device=self.device)
+
+    def dtype_of(self, native) -> dt.DType:
+        try:
+            return EMBER[native.dtype]
+        except KeyError:
+            raise NotSupportedError(f"torch dtype {native.dtype} is not supported by ember") from None
+
+    def from_host(self, host: np.ndarray, copy=None):
+        if host.dtype.kind == "u" and host.dtype.itemsize > 1:
+            raise NotSupportedError(f"{self.device_name} does not support {host.dtype} (PyTorch lacks unsigned "
+                                    f"arithmetic beyond uint8)")
+        if not host.flags.writeable or any(s < 0 for s in host.strides):
+            host = np.array(host)  # torch.from_numpy needs writable, non-negative strides
+            copy = False
+        tensor = torch.from_numpy(host)
+        if self.device.type != "cpu":
+            return tensor.to(self.device)
+        return tensor.clone() if copy else tensor
+
+    def to_host(self, native) -> np.ndarray:
+        return native.detach().cpu().resolve_conj().resolve_neg().numpy()
+
+    def from_dlpack(self, obj, copy=None):
+        tensor = torch.from_dlpack(obj)
+        if tensor.device != self.device:
+            return tensor.to(self.device)
+        return tensor.clone() if copy else tensor
+
+
+def devices() -> list[str]:
+    """``torch:cpu`` and one ``torch:cuda:N`` per visible GPU."""
+    return ["torch:cpu"] + [f"torch:cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+_BACKENDS: dict[str, TorchBackend] = {}
+
+
+def backend(device_name: str) -> TorchBackend:
+    """The backend object of ``device_name`` ("torch:cpu", "torch:cuda:1" …)."""
+    if device_name not in _BACKENDS:
+        if device_name.startswith("torch:cuda") and int(device_name.rsplit(":", 1)[1]) >= torch.cuda.device_count():
+            raise NotSupportedError(f"{device_name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        _BACKENDS[device_name] = TorchBackend(device_name)
+    return _BACKENDS[device_name]

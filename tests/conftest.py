@@ -1,0 +1,26 @@
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ember", max_examples=int(os.environ.get("EMBER_EXAMPLES", "25")), deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                 HealthCheck.filter_too_much])
+settings.load_profile("ember")
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+LOCAL_DEVICES = ["numpy"] + (["torch:cpu"] if torch_available() else [])
+
+
+@pytest.fixture(params=LOCAL_DEVICES)
+def local_device(request):
+    import ember as em
+    return em.device(request.param)

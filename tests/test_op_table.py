@@ -1,0 +1,108 @@
+"""Tests generated from the op table: every row with example recipes is checked on every local
+backend, so an added op is tested with no new test code.
+
+(a) the meta rule agrees with the shapes and dtypes the backend really returns;
+(b) the numpy and torch backends agree on values, within the dtype's tolerance;
+(c) bad inputs raise ember's typed errors naming the op, never a raw backend exception.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import ember as em
+from ember import dtypes as dt
+from ember.array import bind
+from ember.errors import EmberError, NotSupportedError
+from ember.ops import OPS
+from ember.ops.table import REQUIRED
+
+from .conftest import LOCAL_DEVICES, torch_available
+from .generators import Drawer
+
+WITH_EXAMPLES = sorted(name for name, op in OPS.items() if op.examples)
+WITH_BAD_EXAMPLES = sorted(name for name, op in OPS.items() if op.bad_examples)
+TESTED_BY_HAND = {"setitem": "tests/test_indexing.py compares x[key] = v with NumPy"}
+
+
+def supported_dtypes(device):
+    return em.__array_namespace_info__().dtypes(device=device).values()
+
+
+def run(op, device, arrays, attrs):
+    """Upload the example's host arrays to ``device`` and apply the row through ``bind``."""
+    inputs = tuple(em.asarray(a, device=device) for a in arrays)
+    full = {**op.attrs, **attrs}
+    assert REQUIRED not in full.values(), f"recipe of {op.name} leaves a required attribute out"
+    try:
+        out = bind(op, inputs, full, device=device)
+    except NotSupportedError as error:  # a declared gap: e.g. torch has no uint64 for sum(uint8)
+        assume(not str(error))
+        raise
+    return out if isinstance(out, tuple) else (out,)
+
+
+def test_every_row_is_tested():
+    for name, op in OPS.items():
+        assert op.examples or name in TESTED_BY_HAND, f"op {name} has no example recipe"
+        assert op.doc, f"op {name} has no doc"
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+def test_every_row_has_a_kernel_or_a_declared_gap(device_name):
+    backend = em.device(device_name).engine.backend
+    for name in OPS:
+        assert name in backend.kernels or name in backend.gaps, f"{device_name} has no kernel for {name}"
+    assert not set(backend.kernels) - set(OPS), "kernels for ops that are not in the table"
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+@pytest.mark.parametrize("name", WITH_EXAMPLES)
+@given(data=st.data())
+def test_meta_rule_matches_backend(name, device_name, data):
+    op, device = OPS[name], em.device(device_name)
+    arrays, attrs = op.examples(Drawer(data, supported_dtypes(device)))
+    backend = device.engine.backend
+    for out in run(op, device, arrays, attrs):
+        native = device.engine.native(out._handle)
+        assert tuple(native.shape) == out.shape, f"{name}: meta shape {out.shape}, backend {tuple(native.shape)}"
+        assert backend.dtype_of(native) is out.dtype, f"{name}: meta dtype {out.dtype}, backend {native.dtype}"
+
+
+def _tolerance(dtype):
+    if dtype in (dt.float32, dt.complex64):
+        return {"rtol": 2e-4, "atol": 1e-5}
+    if dtype in (dt.float64, dt.complex128):
+        return {"rtol": 1e-9, "atol": 1e-11}
+    return {"rtol": 0, "atol": 0}
+
+
+@pytest.mark.skipif(not torch_available(), reason="torch is not installed")
+@pytest.mark.parametrize("name", WITH_EXAMPLES)
+@given(data=st.data())
+def test_numpy_and_torch_agree(name, data):
+    op = OPS[name]
+    numpy_device, torch_device = em.device("numpy"), em.device("torch:cpu")
+    arrays, attrs = op.examples(Drawer(data, supported_dtypes(torch_device)))
+    expected = run(op, numpy_device, arrays, attrs)
+    actual = run(op, torch_device, arrays, attrs)
+    determined = range(len(expected)) if op.determined is None else op.determined
+    for i in determined:
+        e, a = em.asnumpy(expected[i]), em.asnumpy(actual[i])
+        assert a.shape == e.shape and a.dtype == e.dtype
+        np.testing.assert_allclose(a, e, equal_nan=True, **_tolerance(expected[i].dtype), err_msg=f"{name} output {i}")
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+@pytest.mark.parametrize("name", WITH_BAD_EXAMPLES)
+@given(data=st.data())
+def test_bad_inputs_raise_typed_errors(name, device_name, data):
+    op, device = OPS[name], em.device(device_name)
+    arrays, attrs, expected = op.bad_examples(Drawer(data, supported_dtypes(device)))
+    with pytest.raises(expected) as info:
+        run(op, device, arrays, attrs)
+    assert isinstance(info.value, EmberError), f"{name} raised a raw {type(info.value).__name__}: {info.value}"
+    assert str(info.value).startswith(f"{name}:"), f"the message does not name the op: {info.value}"
