@@ -255,7 +255,7 @@ def finfo(type_) -> finfo_object:
     if not isinstance(dtype, DType) or dtype.kind not in (REAL, COMPLEX):
         raise DTypeError(f"finfo: expected a floating dtype or array, got {type_!r}")
     bits, eps, mx, smallest = _FINFO[real_of(dtype)]
-    return finfo_object(bits, eps, mx, -mx, smallest, dtype)
+    return finfo_object(bits, eps, mx, -mx, smallest, real_of(dtype))
 
 
 def iinfo(type_) -> iinfo_object:

@@ -20,6 +20,31 @@ def _setitem(x, value, *indices, key):
     return out
 
 
+def _floor_divide(x1, x2):
+    out = np.floor_divide(x1, x2)
+    if out.dtype.kind == "f":  # NumPy gives nan for inf // finite; the standard wants floor(x1 / x2) there
+        infinite = np.isinf(x1) & np.isfinite(x2) | np.isfinite(x1) & np.isinf(x2)
+        if infinite.any():
+            out = np.where(infinite, np.floor(np.divide(x1, x2)), out)
+    return out
+
+
+def _expm1(x):
+    out = np.expm1(x)
+    if out.dtype.kind == "c":  # NumPy's complex expm1 loses the standard's values at infinities
+        out = np.where(np.isfinite(x), out, np.exp(x) - 1)
+    return out
+
+
+def _tanh(x):
+    out = np.tanh(x)
+    if out.dtype.kind == "c":  # tanh(±inf + yj) is ±1 + 0j for finite y
+        edge = np.isinf(x.real) & np.isfinite(x.imag)
+        if edge.any():
+            out = np.where(edge, np.sign(x.real) + 0j, out)
+    return out
+
+
 def _sort(x, axis, descending, stable):
     return compat.sort(x, axis=axis, descending=descending, stable=stable)
 
@@ -48,15 +73,15 @@ KERNELS = {
     # elementwise
     "abs": np.abs, "acos": np.arccos, "acosh": np.arccosh, "asin": np.arcsin, "asinh": np.arcsinh,
     "atan": np.arctan, "atanh": np.arctanh, "bitwise_invert": np.invert, "ceil": np.ceil, "conj": np.conj,
-    "cos": np.cos, "cosh": np.cosh, "exp": np.exp, "expm1": np.expm1, "floor": np.floor, "imag": np.imag,
+    "cos": np.cos, "cosh": np.cosh, "exp": np.exp, "expm1": _expm1, "floor": np.floor, "imag": np.imag,
     "isfinite": np.isfinite, "isinf": np.isinf, "isnan": np.isnan, "log": np.log, "log1p": np.log1p,
     "log2": np.log2, "log10": np.log10, "logical_not": np.logical_not, "negative": np.negative,
     "positive": np.positive, "real": np.real, "reciprocal": np.reciprocal, "round": np.round, "sign": np.sign,
     "signbit": np.signbit, "sin": np.sin, "sinh": np.sinh, "sqrt": np.sqrt, "square": np.square, "tan": np.tan,
-    "tanh": np.tanh, "trunc": np.trunc,
+    "tanh": _tanh, "trunc": np.trunc,
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide, "pow": np.power,
     "equal": np.equal, "not_equal": np.not_equal, "greater": np.greater, "greater_equal": np.greater_equal,
-    "less": np.less, "less_equal": np.less_equal, "floor_divide": np.floor_divide, "remainder": np.remainder,
+    "less": np.less, "less_equal": np.less_equal, "floor_divide": _floor_divide, "remainder": np.remainder,
     "maximum": np.maximum, "minimum": np.minimum, "atan2": np.arctan2, "copysign": np.copysign, "hypot": np.hypot,
     "nextafter": np.nextafter, "logaddexp": np.logaddexp, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
     "bitwise_xor": np.bitwise_xor, "bitwise_left_shift": np.left_shift, "bitwise_right_shift": np.right_shift,

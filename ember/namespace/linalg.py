@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from .. import dtypes as dt
 from ..array import Array, prefixed
-from ..errors import NotSupportedError, ShapeError
+from ..errors import ShapeError
 from ._generate import from_row, require_array
 from .linear_algebra import matmul, matrix_transpose, tensordot, vecdot  # noqa: F401  (also in linalg)
 
@@ -67,18 +67,22 @@ slogdet = _named("slogdet", SlogdetResult)
 svd = _named("svd", SVDResult)
 
 
-def _tolerance(rtol, name):
-    if isinstance(rtol, Array):
-        if rtol.ndim:
-            raise NotSupportedError(f"{name}: an rtol array of shape {rtol.shape} is not supported; pass a float")
-        return float(rtol)
-    return rtol
-
-
 @prefixed("pinv")
 def pinv(x, /, *, rtol=None) -> Array:
-    """Moore–Penrose pseudo-inverse; singular values below rtol × the largest are dropped."""
-    return _pinv(x, rtol=_tolerance(rtol, "pinv"))
+    """Moore–Penrose pseudo-inverse; singular values at or below rtol × the largest are dropped.
+
+    ``rtol`` is a float, or an array broadcasting against x's stack of matrices.
+    """
+    if not isinstance(rtol, Array):
+        return _pinv(x, rtol=rtol)
+    from .elementwise import conj, divide, greater
+    from .searching import where
+    from .statistical import max as max_
+    u, s, vh = svd(require_array(x, "pinv"), full_matrices=False)
+    largest = max_(s, axis=-1, keepdims=True) if s.shape[-1] else s
+    keep = greater(s, largest * rtol[..., None])
+    inverse = where(keep, divide(1.0, where(keep, s, 1.0)), 0.0)
+    return matmul(matrix_transpose(conj(vh)) * inverse[..., None, :], matrix_transpose(conj(u)))
 
 
 @prefixed("matrix_rank")
