@@ -131,7 +131,11 @@ define(Op("getitem", ("x", "*indices"), {"key": ()}, _getitem_meta, family="inde
 
 def _setitem_meta(x, value, *arrays, key):
     target = index_shape(x.shape, key, arrays)
-    if None not in target and broadcast_shapes(target, value.shape) != target:
+    try:
+        fits = None in target or broadcast_shapes(target, value.shape) == target
+    except ShapeError:
+        fits = False
+    if not fits:
         raise ShapeError(f"value of shape {fmt_shape(value.shape)} cannot be broadcast to the indexed shape {fmt_shape(target)}")
     if value.dtype is not x.dtype:
         raise DTypeError(f"value dtype {value.dtype} differs from the array's {x.dtype}")

@@ -1,0 +1,145 @@
+"""The array object: operators, in-place operators, scalars, conversions, devices and DLPack."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember as em
+
+from .conftest import LOCAL_DEVICES, torch_available
+
+needs_torch = pytest.mark.skipif(not torch_available(), reason="torch is not installed")
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+def test_operators_match_numpy(device_name):
+    a_host = np.array([[1.5, -2.0], [3.0, 4.25]])
+    b_host = np.array([0.5, 3.0])
+    a, b = em.asarray(a_host, device=device_name), em.asarray(b_host, device=device_name)
+    cases = {
+        "+": (a + b, a_host + b_host), "-": (a - b, a_host - b_host), "*": (a * b, a_host * b_host),
+        "/": (a / b, a_host / b_host), "//": (a // b, a_host // b_host), "%": (a % b, a_host % b_host),
+        "**": (a ** 2, a_host ** 2), "@": (a @ a, a_host @ a_host), "neg": (-a, -a_host), "abs": (abs(a), abs(a_host)),
+        "r+": (1 + a, 1 + a_host), "r-": (1 - a, 1 - a_host), "r/": (1 / a, 1 / a_host), "r**": (2 ** a, 2 ** a_host),
+        "<": (a < b, a_host < b_host), "==": (a == 3.0, a_host == 3.0), "!=": (a != b, a_host != b_host),
+    }
+    for name, (result, expected) in cases.items():
+        assert result.device == em.device(device_name)
+        np.testing.assert_allclose(em.asnumpy(result), expected, err_msg=name)
+        assert result.dtype == em.bool or result.dtype == em.float64, name
+    ints = em.asarray([5, 3], device=device_name)
+    np.testing.assert_array_equal(em.asnumpy(ints & 1), [1, 1])
+    np.testing.assert_array_equal(em.asnumpy(ints << 2), [20, 12])
+    np.testing.assert_array_equal(em.asnumpy(~ints), [-6, -4])
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+def test_python_scalars_follow_the_standard(device_name):
+    f32 = em.ones(3, dtype=em.float32, device=device_name)
+    i8 = em.ones(3, dtype=em.int8, device=device_name)
+    assert (f32 * 2.5).dtype == em.float32        # a scalar never widens an array of its kind
+    assert (i8 + 3).dtype == em.int8
+    assert (i8 * 0.5).dtype == em.float64         # a float scalar lifts an int array (NumPy's rule)
+    assert (f32 * 1j).dtype == em.complex64
+    assert em.sqrt(em.arange(4, device=device_name)).dtype == em.float64
+    assert (em.arange(4, device=device_name) / 2).dtype == em.float64
+    with pytest.raises(OverflowError, match="1000 out of bounds for int8"):
+        i8 + 1000
+    with pytest.raises(TypeError, match="bitwise_and"):
+        f32 & 1
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+def test_in_place_operators_keep_identity_dtype_and_shape(device_name):
+    x = em.asarray([1.0, 2.0], device=device_name)
+    alias = x
+    x += 1
+    x *= em.asarray([2.0, 3.0], device=device_name)
+    assert x is alias
+    np.testing.assert_array_equal(em.asnumpy(x), [4.0, 9.0])
+    i = em.asarray([1, 2], device=device_name)
+    with pytest.raises(TypeError, match="in-place operations keep the dtype"):
+        i /= 2
+    with pytest.raises(ValueError, match="in-place operations keep the shape"):
+        x += em.ones((2, 2), device=device_name)
+    np.testing.assert_array_equal(em.asnumpy(x), [4.0, 9.0])  # nothing changed by the failures
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+def test_conversions(device_name):
+    x = em.asarray([[2.5]], device=device_name)
+    assert float(x) == 2.5 and int(em.asarray(7, device=device_name)) == 7 and bool(x > 1)
+    assert complex(x) == 2.5 + 0j
+    assert [0, 1, 2][em.asarray(2, device=device_name)] == 2  # __index__
+    with pytest.raises(TypeError, match="only arrays of one element"):
+        float(em.ones(3, device=device_name))
+    with pytest.raises(TypeError, match="only integer arrays"):
+        [0, 1][em.asarray(1.0, device=device_name)]
+    assert len(em.ones((4, 2), device=device_name)) == 4
+    assert [float(v) for v in em.asarray([1.0, 2.0], device=device_name)] == [1.0, 2.0]
+    np.testing.assert_array_equal(np.asarray(em.asarray([1, 2], device=device_name)), [1, 2])
+    assert "ember.Array(" in repr(x) and device_name in repr(x)
+
+
+def test_mixing_devices_names_both():
+    a = em.ones(2, device="numpy")
+    b = em.ones(2, device="capture") if False else None
+    if torch_available():
+        b = em.ones(2, device="torch:cpu")
+        with pytest.raises(ValueError, match="add: arrays are on different devices, numpy and torch:cpu"):
+            a + b
+        with pytest.raises(em.DeviceError):
+            em.matmul(a, b)
+        np.testing.assert_array_equal(em.asnumpy(a + b.to_device("numpy")), [2.0, 2.0])
+    assert a + 1.0 is not None  # Python scalars mix with any device
+
+
+@needs_torch
+def test_dlpack_round_trips():
+    import torch
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = em.from_dlpack(host)                                  # numpy -> ember(numpy), zero-copy
+    assert x.device == em.device("numpy") and np.shares_memory(em.asnumpy(x), host)
+    t = torch.from_dlpack(x)                                  # ember(numpy) -> torch
+    assert t.shape == (2, 3) and float(t.sum()) == 15.0
+    y = em.from_dlpack(torch.arange(4.0), device="torch:cpu")  # torch -> ember(torch)
+    assert y.device == em.device("torch:cpu") and y.dtype == em.float32
+    back = np.from_dlpack(y)                                  # ember(torch) -> numpy
+    np.testing.assert_array_equal(back, [0.0, 1.0, 2.0, 3.0])
+    z = em.from_dlpack(torch.ones(2, dtype=torch.int64))      # torch -> ember(numpy)
+    assert z.device == em.device("numpy") and z.dtype == em.int64
+    assert x.__dlpack_device__()[0] == 1                      # kDLCPU
+    w = em.asarray(torch.tensor([1.5, 2.5]))                  # asarray takes DLPack objects too
+    np.testing.assert_array_equal(em.asnumpy(w), [1.5, 2.5])
+
+
+@needs_torch
+def test_to_device_moves_between_backends():
+    x = em.asarray([1, 2, 3], dtype=em.int16)
+    t = x.to_device("torch:cpu")
+    assert t.device == em.device("torch:cpu") and t.dtype == em.int16 and t.shape == (3,)
+    back = em.asarray(t * 2, device="numpy")
+    np.testing.assert_array_equal(em.asnumpy(back), [2, 4, 6])
+    with pytest.raises(NotImplementedError, match="uint32"):
+        em.ones(2, dtype=em.uint32, device="torch:cpu")
+
+
+def test_devices_parse_and_compare():
+    assert em.device("numpy") is em.device("numpy") and str(em.device("numpy")) == "numpy"
+    assert em.device("torch") == em.device("torch:cpu") and em.device("torch:cuda") == em.device("torch:cuda:0")
+    remote = em.device("ember://secret@gpu-box:7878/1")
+    assert str(remote) == "ember://gpu-box:7878/1" and "secret" not in repr(remote)
+    assert remote == em.device("ws://gpu-box:7878/1")  # one peer's device, whichever transport
+    for bad in ("nump", "torch:tpu", "ember://host:7878/x", "http://host/0"):
+        with pytest.raises(em.DeviceError):
+            em.device(bad)
+
+
+def test_default_device_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("EMBER_DEVICE", "numpy")
+    assert em.ones(1).device == em.device("numpy")
+    if torch_available():
+        monkeypatch.setenv("EMBER_DEVICE", "torch:cpu")
+        assert em.ones(1).device == em.device("torch:cpu")
+        assert em.__array_namespace_info__().default_device() == em.device("torch:cpu")

@@ -1,0 +1,112 @@
+"""x[key] and x[key] = value against NumPy's results, on every local device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import ember as em
+
+from .conftest import LOCAL_DEVICES
+
+shapes = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)
+
+
+@st.composite
+def host_and_key(draw, with_arrays=True):
+    shape = draw(shapes)
+    host = draw(hnp.arrays(np.int32, shape, elements=st.integers(-100, 100)))
+    kind = draw(st.sampled_from(["basic", "integer", "mask"] if with_arrays and shape else ["basic"]))
+    if kind == "basic":
+        key = draw(hnp.basic_indices(shape, allow_newaxis=True, allow_ellipsis=True))
+    elif kind == "integer":
+        assume(all(shape))
+        key = draw(hnp.integer_array_indices(shape, result_shape=hnp.array_shapes(min_dims=0, max_dims=2, max_side=3)))
+    else:
+        depth = draw(st.integers(1, len(shape)))
+        key = draw(hnp.arrays(np.bool_, shape[:depth]))
+    return host, key
+
+
+def to_ember_key(key, device):
+    if isinstance(key, np.ndarray):
+        return em.asarray(key, device=device)
+    if isinstance(key, tuple):
+        return tuple(to_ember_key(k, device) for k in key)
+    return key
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+@settings(max_examples=200)  # cheap, and keys have many corners
+@given(case=host_and_key())
+def test_getitem_matches_numpy(device_name, case):
+    host, key = case
+    x = em.asarray(host, device=device_name)
+    expected = host[key]
+    result = x[to_ember_key(key, device_name)]
+    assert result.shape == expected.shape, f"meta shape {result.shape} vs NumPy {expected.shape} for key {key!r}"
+    np.testing.assert_array_equal(em.asnumpy(result), expected)
+
+
+def _unique_integer_arrays(key):
+    arrays = key if isinstance(key, tuple) else (key,)
+    return all(not isinstance(k, np.ndarray) or k.dtype == np.bool_ for k in arrays) or len(arrays) == 1 and len(np.unique(arrays[0])) == arrays[0].size
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+@settings(max_examples=200)
+@given(case=host_and_key(), data=st.data())
+def test_setitem_matches_numpy(device_name, case, data):
+    host, key = case
+    assume(_unique_integer_arrays(key))  # with repeated indices the standard leaves the winner open
+    target_shape = host[key].shape
+    value_shape = data.draw(st.sampled_from([target_shape, target_shape[1:] if target_shape else (), ()]))
+    value = data.draw(hnp.arrays(np.int32, value_shape, elements=st.integers(-100, 100)))
+    expected = host.copy()
+    expected[key] = value
+    x = em.asarray(host.copy(), device=device_name)
+    before = x
+    x[to_ember_key(key, device_name)] = em.asarray(value, device=device_name)
+    assert x is before
+    np.testing.assert_array_equal(em.asnumpy(x), expected)
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+def test_setitem_with_scalar_and_negative_steps(device_name):
+    x = em.reshape(em.arange(12, device=device_name), (3, 4))
+    x[::-1, 1] = 7
+    x[0, ::-2] = -1
+    expected = np.arange(12).reshape(3, 4)
+    expected[::-1, 1] = 7
+    expected[0, ::-2] = -1
+    np.testing.assert_array_equal(em.asnumpy(x), expected)
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+def test_setitem_never_writes_through_to_other_arrays(device_name):
+    host = np.zeros(4)
+    x = em.asarray(host, device=device_name)
+    y = x[1:3]
+    x[1] = 5.0
+    assert float(y[0]) == 0.0 and float(x[1]) == 5.0
+    assert host[1] == 0.0  # the caller's buffer is never modified by ember
+
+
+def test_indexing_errors_are_typed():
+    x = em.ones((2, 3))
+    with pytest.raises(IndexError, match=r"getitem: index 5 is out of bounds for axis 1 with size 3"):
+        x[0, 5]
+    with pytest.raises(IndexError, match="too many indices"):
+        x[0, 0, 0]
+    with pytest.raises(IndexError, match="boolean index of shape"):
+        x[em.asarray([True, False, True])]
+    with pytest.raises(em.EmberError):
+        x["a"]
+    with pytest.raises(ValueError, match=r"setitem: value of shape \(4,\) cannot be broadcast"):
+        x[0] = em.ones(4)
+    with pytest.raises(TypeError, match="cannot assign complex"):
+        x[0] = 1j
+    assert float(em.sum(x)) == 6.0  # the array is unchanged after the failures
