@@ -21,7 +21,7 @@ from .array import Array
 from .devices import Device, default_device, device
 from .dtypes import (bool_ as bool, complex64, complex128, float32, float64, int8, int16, int32, int64, uint8,  # noqa: A004
                      uint16, uint32, uint64)
-from .errors import (ArgumentError, AxisError, CaptureError, ConnectionLost, DeviceError, DTypeError, EmberError,
+from .errors import (AccessDenied, ArgumentError, AxisError, CaptureError, ConnectionLost, DeviceError, DTypeError, EmberError,
                      ExecutionError, HostDeviceError, IndexingError, NotSupportedError, ProtocolError,
                      ScalarOverflowError, ShapeError)
 from .namespace import fft, linalg
@@ -38,6 +38,7 @@ from .namespace.sorting import *  # noqa: F403
 from .namespace.statistical import *  # noqa: F403
 from .namespace.utility import *  # noqa: F403
 from .interop import asnumpy, stats, sync
+from .remote.server import Server, serve
 
 __version__ = "0.1.0"
 __array_api_version__ = "2024.12"

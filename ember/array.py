@@ -208,8 +208,9 @@ def bind(op, inputs: tuple, attrs: dict, device: Device | None = None, literal_d
                              + (" (convert it with ember.asarray)" if hasattr(value, "__array__") or isinstance(value, (list, tuple)) else ""))
     if device is None:
         device = default_device()
-    attrs, out_metas = op.infer(tuple(metas), attrs)
-    outs, out_metas = device.engine.execute(op, tuple(handles), attrs, out_metas)
+    metas = tuple(metas)
+    attrs, out_metas = op.infer(metas, attrs)
+    outs, out_metas = device.engine.execute(op, tuple(handles), metas, attrs, out_metas)
     new = Array._new
     if op.multiple:
         return tuple(new(h, m, device) for h, m in zip(outs, out_metas))

@@ -1,5 +1,7 @@
 """Layer 8 — the ``ember`` command line.
 
+    ember serve --device D --listen HOST:PORT [--token-file F] [--insecure]
+                                   host D's backend as a compute peer
     ember devices [PEER]           list the local devices (or a compute peer's)
     ember bench [SUITE ...]        run benchmarks, print one table of ratios
 """
@@ -16,12 +18,55 @@ from . import __version__
 
 def _devices(args) -> int:
     from .backends import available_devices
-    if args.peer:
-        print(f"ember devices {args.peer}: listing a peer's devices needs the remote layer, which is not built yet",
-              file=sys.stderr)
+    from .errors import EmberError
+    if not args.peer:
+        for name in available_devices():
+            print(name)
+        return 0
+    from .devices import device
+    try:
+        peer = device(args.peer.rstrip("/") + ("/0" if args.peer.count("/") == 2 else ""))
+        info = peer.engine.info
+    except EmberError as error:
+        print(f"ember devices: {error}", file=sys.stderr)
+        return 1
+    base = str(peer).rsplit("/", 1)[0]
+    for index, name in enumerate(info.get("devices", ())):
+        print(f"{base}/{index}    {name}")
+    return 0
+
+
+def _serve(args) -> int:
+    import logging
+
+    from .errors import EmberError
+    from .remote.protocol import Limits
+    from .remote.server import Server
+    token = None
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                token = f.read().strip()
+        except OSError as error:
+            print(f"ember serve: cannot read the token file: {error}", file=sys.stderr)
+            return 2
+        if not token:
+            print(f"ember serve: the token file {args.token_file} is empty", file=sys.stderr)
+            return 2
+    limits = Limits(max_tensor_bytes=args.max_tensor_bytes) if args.max_tensor_bytes else Limits()
+    try:
+        server = Server(args.device, args.listen, token=token, insecure=args.insecure, limits=limits)
+        server.start()
+    except (EmberError, OSError) as error:
+        print(f"ember serve: {error}", file=sys.stderr)
         return 2
-    for name in available_devices():
-        print(name)
+    logging.basicConfig(level=logging.WARNING, format="ember serve: %(message)s")
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+    names = ", ".join(str(d) for d in server.devices)
+    print(f"ember serve: hosting {names} ({server.backend_name}); listening on {server.address}"
+          f"{' with a token' if token else ''} — ember://{server.address}/0 or ws://{server.address}/0", flush=True)
+    server.serve_forever()
     return 0
 
 
@@ -49,6 +94,17 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="ember", description="ember: array computing on any device.")
     top.add_argument("--version", action="version", version=f"ember {__version__}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="host a local backend as a compute peer",
+                                description="Host every device of a local backend for remote clients "
+                                            "(ember://HOST:PORT/N over TCP, ws://HOST:PORT/N over WebSocket, one port). "
+                                            "Blocks until Ctrl-C.")
+    serve.add_argument("--device", default="numpy", help="the backend to host: numpy, torch:cpu, torch:cuda (default numpy)")
+    serve.add_argument("--listen", default="127.0.0.1:7878", help="HOST:PORT to listen on (port 0 picks a free one)")
+    serve.add_argument("--token-file", help="a file holding the token clients must present")
+    serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without a token")
+    serve.add_argument("--max-tensor-bytes", type=int, help="refuse tensors larger than this (default 4 GiB)")
+    serve.set_defaults(run=_serve)
 
     devices = commands.add_parser("devices", help="list the local devices, or a compute peer's",
                                   description="List device strings: numpy, torch:cpu, torch:cuda:N …")

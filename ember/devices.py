@@ -33,9 +33,9 @@ class Device:
     def engine(self):
         """The engine doing this device's work (created on first use)."""
         engine = self._engine
-        if engine is None:
-            with self._lock:
-                if self._engine is None:
+        if engine is None or engine.lost is not None:
+            with self._lock:  # a lost engine (a peer that went away) is replaced by a new session
+                if self._engine is None or self._engine.lost is not None:
                     self._engine = self._make_engine()
                 engine = self._engine
         return engine

@@ -14,6 +14,7 @@ Python user would catch for that situation, so ``except ValueError`` keeps worki
     ├── NotSupportedError (NotImplementedError) a backend declares a gap for an operation
     ├── ExecutionError    (RuntimeError) a kernel failed on the data (e.g. a singular matrix)
     ├── ProtocolError     (ValueError)   a malformed, oversized or refused frame
+    ├── AccessDenied      (PermissionError) a compute peer refused the token
     ├── ConnectionLost    (ConnectionError) the peer or the connection went away
     └── CaptureError      (RuntimeError) misuse of a capture scope or a value it cannot know
 
@@ -69,6 +70,10 @@ class ExecutionError(EmberError, RuntimeError):
 
 class ProtocolError(EmberError, ValueError):
     """A malformed, oversized or refused frame or handshake."""
+
+
+class AccessDenied(EmberError, PermissionError):
+    """A compute peer refused the session's token."""
 
 
 class ConnectionLost(EmberError, ConnectionError):

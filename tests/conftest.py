@@ -24,3 +24,14 @@ LOCAL_DEVICES = ["numpy"] + (["torch:cpu"] if torch_available() else [])
 def local_device(request):
     import ember as em
     return em.device(request.param)
+
+
+@pytest.fixture(scope="session")
+def peer():
+    """One numpy compute peer shared by the session's remote tests."""
+    from .peers import Peer
+    with Peer("--device", "numpy") as running:
+        yield running
+
+
+REMOTE_SCHEMES = ["ember", "ws"]

@@ -20,7 +20,7 @@ from ember.errors import EmberError, NotSupportedError
 from ember.ops import OPS
 from ember.ops.table import REQUIRED
 
-from .conftest import LOCAL_DEVICES, torch_available
+from .conftest import LOCAL_DEVICES, REMOTE_SCHEMES, torch_available
 from .generators import Drawer
 
 WITH_EXAMPLES = sorted(name for name, op in OPS.items() if op.examples)
@@ -106,3 +106,22 @@ def test_bad_inputs_raise_typed_errors(name, device_name, data):
         run(op, device, arrays, attrs)
     assert isinstance(info.value, EmberError), f"{name} raised a raw {type(info.value).__name__}: {info.value}"
     assert str(info.value).startswith(f"{name}:"), f"the message does not name the op: {info.value}"
+
+
+@pytest.mark.parametrize("scheme", REMOTE_SCHEMES)
+@pytest.mark.parametrize("name", WITH_EXAMPLES)
+@given(data=st.data())
+def test_remote_matches_local(name, scheme, peer, data):
+    """The same rows on a compute peer (a real ``ember serve``): the meta rule matches what comes
+    back, and the values equal local NumPy's exactly (the peer runs the same kernels)."""
+    op = OPS[name]
+    local, remote = em.device("numpy"), em.device(peer.url(scheme))
+    arrays, attrs = op.examples(Drawer(data, supported_dtypes(local)))
+    expected = run(op, local, arrays, attrs)
+    actual = run(op, remote, arrays, attrs)
+    determined = range(len(expected)) if op.determined is None else op.determined
+    for i, out in enumerate(actual):
+        host = em.asnumpy(out)
+        assert host.shape == out.shape and host.dtype.name == out.dtype.name, f"{name}: meta vs peer output {i}"
+        if i in determined:
+            np.testing.assert_array_equal(host, em.asnumpy(expected[i]), err_msg=f"{name} output {i}")

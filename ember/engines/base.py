@@ -15,11 +15,16 @@ class Engine:
     #: whether handles hold values that can be read (capture's cannot)
     executes = True
 
-    def execute(self, op: Op, inputs: tuple, attrs: dict, metas: tuple[Meta, ...]) -> tuple[tuple, tuple[Meta, ...]]:
+    #: set to a ConnectionLost once the engine can no longer work (a remote peer went away)
+    lost = None
+
+    def execute(self, op: Op, inputs: tuple, in_metas: tuple[Meta, ...], attrs: dict,
+                metas: tuple[Meta, ...]) -> tuple[tuple, tuple[Meta, ...]]:
         """Run (or record) ``op`` on input handles and Python scalar literals.
 
-        ``metas`` are the outputs the meta rule inferred; the engine returns output handles and
-        the metas with every data-dependent (None) dimension resolved.
+        ``in_metas`` describe the inputs (a literal's dtype among them); ``metas`` are the
+        outputs the meta rule inferred. The engine returns output handles and the metas with
+        every data-dependent (None) dimension resolved.
         """
         raise NotImplementedError
 

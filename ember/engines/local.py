@@ -19,7 +19,7 @@ class LocalEngine(Engine):
         self._dtypes = frozenset(backend.dtypes)
         self.ops_executed = 0
 
-    def execute(self, op, inputs, attrs, metas):
+    def execute(self, op, inputs, in_metas, attrs, metas):
         try:
             kernel = self._kernels[op.name]
         except KeyError:

@@ -112,13 +112,17 @@ def _getitem_meta(x, *arrays, key):
 
 def _getitem_examples(g):
     shape = g.shape(min_dims=1, min_side=1)
+    k = g.integer(1, len(shape))
+    leading_ellipsis = g.flag()  # "..., items" index the last k axes; "items, ..." the first k
     key = []
-    for size in shape[:g.integer(1, len(shape))]:
+    for size in (shape[-k:] if leading_ellipsis else shape[:k]):
         key.append(g.choice([g.integer(-size, size - 1), ("s", g.choice([None, 0, 1]), g.choice([None, size, -1]), g.choice([None, 1, 2, -1]))]))
     for _ in range(g.integer(0, 2)):
         key.insert(g.integer(0, len(key)), None)
-    if g.flag():
-        key.insert(g.integer(0, len(key)), ELLIPSIS)
+    if leading_ellipsis:
+        key.insert(0, ELLIPSIS)
+    elif g.flag():
+        key.append(ELLIPSIS)
     return (g.array(shape, g.dtype("any")),), {"key": tuple(key)}
 
 

@@ -1,0 +1,226 @@
+"""The client side of a compute peer: the remote engine.
+
+Ops are fire-and-forget: the client allocates tensor ids, knows every output's shape and dtype
+from the meta rules, and appends the op to a batch. A batch is sent when it is large or old
+enough, or when something must wait — a read, a sync, a data-dependent shape — so a chain of N
+ops and one read costs one round trip. Arrays the program drops are freed on the peer in the
+next batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import uuid
+from collections import deque
+
+import numpy as np
+
+from ..engines.base import Engine
+from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError
+from ..ops.table import Meta
+from . import protocol as wire
+from .protocol import Limits, Literal
+
+BATCH_OPS = 256          # send a batch once it holds this many messages …
+BATCH_SECONDS = 0.002    # … or once its first message is this old
+INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
+DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
+
+
+class RemoteHandle:
+    """A tensor id on a peer; when the last array holding it goes, the peer frees it."""
+
+    __slots__ = ("id", "engine")
+
+    def __init__(self, engine: RemoteEngine, tid: int):
+        self.engine, self.id = engine, tid
+
+    def __del__(self):
+        try:
+            self.engine._drops.append(self.id)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class RemoteEngine(Engine):
+    """A session with a compute peer, over a frame connection (TCP or WebSocket)."""
+
+    def __init__(self, device, connection, info: dict):
+        self.device = device
+        self.connection = connection
+        self.info = info
+        self.limits = Limits.from_dict(info.get("limits", {}))
+        self.dtypes = info.get("dtypes", ())
+        self._ids = itertools.count(1)
+        self._rids = itertools.count(1)
+        self._pending: list = []
+        self._segments: list = []
+        self._drops: deque = deque()
+        self._first_pending = 0.0
+        self._lock = threading.RLock()
+        self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0}
+
+    # -- the engine interface --
+    def execute(self, op, inputs, in_metas, attrs, metas):
+        if self.lost is not None:
+            raise self.lost
+        refs = []
+        for value, meta in zip(inputs, in_metas):
+            if type(value) is RemoteHandle:
+                if value.engine is not self:
+                    raise ConnectionLost(f"{op.name}: an input lives in a lost session with {self.device}; its data is gone")
+                refs.append(value.id)
+            else:
+                refs.append(Literal(value, meta.dtype))
+        ids = self._ids
+        outs = tuple(RemoteHandle(self, next(ids)) for _ in metas)
+        pending = self._pending
+        if not pending:
+            self._first_pending = time.perf_counter()
+        pending.append(("op", op.name, tuple(refs), tuple(o.id for o in outs), attrs))
+        self.counters["ops"] += 1
+        if op.data_dependent and any(None in m.shape for m in metas):
+            shapes = self._call(lambda rid: ("shape", rid, tuple(o.id for o in outs)))[2]
+            metas = tuple(Meta(tuple(s), m.dtype) for s, m in zip(shapes, metas))
+        elif len(pending) >= BATCH_OPS or time.perf_counter() - self._first_pending > BATCH_SECONDS:
+            self.flush()
+        return outs, metas
+
+    def upload(self, host: np.ndarray, copy=None) -> RemoteHandle:
+        if self.lost is not None:
+            raise self.lost
+        if host.nbytes > self.limits.max_tensor_bytes:
+            raise ProtocolError(f"upload: a tensor of {host.nbytes} bytes exceeds {self.device}'s limit of "
+                                f"{self.limits.max_tensor_bytes} bytes")
+        if host.dtype.name not in self.dtypes:
+            from ..errors import NotSupportedError
+            raise NotSupportedError(f"upload: {self.device} ({self.info.get('device')}) does not support {host.dtype}")
+        handle = RemoteHandle(self, next(self._ids))
+        with self._lock:
+            if host.nbytes > INLINE_BYTES:
+                self.flush()  # keep order, then send the tensor straight from the caller's memory
+                self._send({"t": "batch", "m": (("put", handle.id, 0),)}, [host])
+            else:
+                if not self._pending:
+                    self._first_pending = time.perf_counter()
+                self._pending.append(("put", handle.id, len(self._segments)))
+                self._segments.append(np.array(host, copy=True))  # the caller may change its array later
+        return handle
+
+    def download(self, handle) -> np.ndarray:
+        reply, segments = self._call(lambda rid: ("get", rid, handle.id), want_segments=True)
+        return segments[reply[2]]
+
+    def sync(self) -> None:
+        self._call(lambda rid: ("sync", rid))
+
+    def stats(self) -> dict:
+        """This session's counters: ``round_trips`` (blocking waits), ``ops``, ``bytes_up`` …"""
+        return dict(self.counters)
+
+    def peer_stats(self) -> dict:
+        """The peer's counters: this session's live tensors, and the server's sessions and tensors."""
+        return dict(self._call(lambda rid: ("stats", rid))[2])
+
+    def close(self) -> None:
+        """End the session (the peer frees its tensors)."""
+        with self._lock:
+            if self.lost is None:
+                try:
+                    self.flush()
+                    self.connection.send(wire.encode_frame({"t": "close"}))
+                except EmberError:
+                    pass
+                self.lost = ConnectionLost(f"the session with {self.device} was closed")
+            self.connection.close()
+
+    # -- batching --
+    def _queue_drops(self) -> None:
+        """Move dropped ids into the batch, after every op that may still read them."""
+        drops = self._drops
+        if drops:
+            ids = []
+            try:
+                while True:
+                    ids.append(drops.popleft())
+            except IndexError:
+                pass
+            self._pending.append(("drop", tuple(ids)))
+
+    def flush(self) -> None:
+        """Send every pending message now."""
+        with self._lock:
+            self._queue_drops()
+            if not self._pending:
+                return
+            messages, self._pending = self._pending, []
+            segments, self._segments = self._segments, []
+            self._send({"t": "batch", "m": tuple(messages)}, segments)
+
+    def _send(self, header: dict, segments: list) -> None:
+        if self.lost is not None:
+            raise self.lost
+        try:
+            self.counters["bytes_up"] += self.connection.send(wire.encode_frame(header, segments))
+            self.counters["batches"] += 1
+        except ConnectionLost as error:
+            raise self._lose(error) from None
+
+    def _lose(self, error: ConnectionLost) -> ConnectionLost:
+        self.lost = ConnectionLost(f"lost the connection to {self.device}: {error}")
+        try:
+            self.connection.close()
+        except Exception:
+            pass
+        return self.lost
+
+    def _call(self, message, want_segments: bool = False):
+        """Send ``message(rid)`` with everything pending, and wait for its reply: one round trip."""
+        with self._lock:
+            if self.lost is not None:
+                raise self.lost
+            rid = next(self._rids)
+            self._queue_drops()  # so the reply (peer counters above all) sees them freed
+            self._pending.append(message(rid))
+            self.flush()
+            self.counters["round_trips"] += 1
+            while True:
+                try:
+                    frame = self.connection.receive()
+                except ConnectionLost as error:
+                    raise self._lose(error) from None
+                self.counters["bytes_down"] += wire.PREFIX_SIZE + sum(s.nbytes for s in frame.segments)
+                header = frame.header
+                if header.get("t") == "error":
+                    raise self._lose(ConnectionLost(f"the peer ended the session: {header.get('reason')}"))
+                for reply in header.get("m", ()):
+                    if reply[1] == rid:
+                        if reply[0] == "error":
+                            raise wire.error_from_reply(reply[2], reply[3])
+                        return (reply, frame.segments) if want_segments else reply
+
+
+def connect(device) -> RemoteEngine:
+    """Open a session with the peer of ``device`` (a RemoteDevice) and return its engine."""
+    from . import tcp, websocket
+    limits = Limits()
+    module = websocket if device.scheme == "ws" else tcp
+    connection = module.connect(device.host, device.port, limits, timeout=DEFAULT_TIMEOUT)
+    connection.send(wire.encode_frame({"t": "init", "v": wire.VERSION, "session": uuid.uuid4().hex,
+                                       "device": device.index, "token": device.token}))
+    try:
+        header = connection.receive().header
+    except ConnectionLost:
+        connection.close()
+        raise
+    kind = header.get("t")
+    if kind != "info":
+        connection.close()
+        reason = header.get("reason", f"unexpected reply {kind!r}")
+        error = {"AccessDenied": AccessDenied, "DeviceError": DeviceError}.get(header.get("kind"), ProtocolError)
+        raise error(f"{device} refused the session: {reason}")
+    connection.set_limits(Limits.from_dict(header.get("limits", {})))
+    return RemoteEngine(device, connection, header)

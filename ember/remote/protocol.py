@@ -1,0 +1,270 @@
+"""The ember wire protocol, without I/O: frames, the msgpack codec, and an incremental reader.
+
+A frame is a 16-byte prefix, a msgpack header and raw tensor segments::
+
+    b"EMBR" | header length: u32 LE | payload length: u64 LE | header | segment 0 | segment 1 | …
+
+The header is a map; its ``"seg"`` entry lists each segment as ``[dtype name, shape]``, so a
+receiver allocates every tensor before reading it and receives the bytes straight into it
+(:class:`FrameReader`). Nothing is pickled: msgpack carries plain values, and three extension
+types carry ember dtypes, complex numbers and scalar literals. Every size is checked against
+:class:`Limits` before anything is allocated. See docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import msgpack
+import numpy as np
+
+from .. import dtypes as dt
+from .. import errors
+from ..errors import ProtocolError
+
+VERSION = 1
+MAGIC = b"EMBR"
+_PREFIX = struct.Struct("<4sIQ")
+PREFIX_SIZE = _PREFIX.size  # 16
+
+_EXT_DTYPE, _EXT_COMPLEX, _EXT_LITERAL = 1, 2, 3
+_NUMPY = {d.name: np.dtype(d.name) for d in dt.ALL}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Sizes a peer accepts; the server announces its own at the handshake."""
+
+    max_header_bytes: int = 64 << 20
+    max_tensor_bytes: int = 4 << 30
+    max_frame_bytes: int = 8 << 30
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Limits:
+        return cls(**{k: int(v) for k, v in values.items() if k in cls.__dataclass_fields__})
+
+
+class Literal:
+    """A Python scalar standing as an op input, with the dtype it takes (tensor ids are ints).
+
+    Not a tuple: msgpack would send a tuple subclass as a plain array.
+    """
+
+    __slots__ = ("value", "dtype")
+
+    def __init__(self, value, dtype: dt.DType):
+        self.value, self.dtype = value, dtype
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Literal) and (self.value, self.dtype) == (other.value, other.dtype)
+
+    def __repr__(self) -> str:
+        return f"Literal({self.value!r}, {self.dtype})"
+
+
+class Frame(NamedTuple):
+    """A decoded frame: its header map and its segments as NumPy arrays."""
+    header: dict
+    segments: list
+
+
+# --- codec ------------------------------------------------------------------------------------
+
+def _default(value):
+    if isinstance(value, dt.DType):
+        return msgpack.ExtType(_EXT_DTYPE, value.name.encode())
+    if isinstance(value, complex):
+        return msgpack.ExtType(_EXT_COMPLEX, struct.pack("<dd", value.real, value.imag))
+    if isinstance(value, Literal):
+        return msgpack.ExtType(_EXT_LITERAL, msgpack.packb((value.value, value.dtype), default=_default))
+    if isinstance(value, np.generic):
+        return value.item()
+    raise ProtocolError(f"cannot encode {type(value).__name__} {value!r}: only plain values travel")
+
+
+def _ext_hook(code: int, data: bytes):
+    if code == _EXT_DTYPE:
+        try:
+            return dt.from_name(data.decode())
+        except Exception:
+            raise ProtocolError(f"unknown dtype {data[:32]!r}") from None
+    if code == _EXT_COMPLEX and len(data) == 16:
+        return complex(*struct.unpack("<dd", data))
+    if code == _EXT_LITERAL:
+        value = unpack(data)
+        if not (isinstance(value, tuple) and len(value) == 2 and dt.is_python_scalar(value[0])
+                and isinstance(value[1], dt.DType)):
+            raise ProtocolError("a literal must be a scalar and its dtype")
+        return Literal(*value)
+    raise ProtocolError(f"unknown msgpack extension type {code}")
+
+
+_packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=False)
+
+
+def pack(value) -> bytes:
+    """``value`` (plain data) as msgpack bytes."""
+    try:
+        return _packer.pack(value)
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError, OverflowError) as error:
+        raise ProtocolError(f"cannot encode a message: {error}") from None
+
+
+def unpack(data, limit: int | None = None):
+    """Plain data from msgpack bytes; tuples for arrays; ProtocolError on anything malformed."""
+    limit = limit or len(data)
+    try:
+        return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True, ext_hook=_ext_hook,
+                               max_str_len=limit, max_bin_len=limit, max_array_len=limit, max_map_len=limit,
+                               max_ext_len=limit)
+    except ProtocolError:
+        raise
+    except Exception as error:  # msgpack raises several types on malformed input
+        raise ProtocolError(f"malformed header: {type(error).__name__}: {error}") from None
+
+
+# --- frames -----------------------------------------------------------------------------------
+
+def segment_descriptor(array: np.ndarray) -> list:
+    return [array.dtype.name, list(array.shape)]
+
+
+def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
+    """A frame as buffers for a scatter-gather send: prefix, header, then each segment's bytes
+    (no copies of contiguous arrays)."""
+    views = []
+    if segments:
+        header = {**header, "seg": [segment_descriptor(s) for s in segments]}
+        for s in segments:
+            if not s.flags.c_contiguous:
+                s = np.ascontiguousarray(s)
+            views.append(memoryview(s.reshape(-1).view(np.uint8)) if s.size else memoryview(b""))
+    body = pack(header)
+    payload = sum(v.nbytes for v in views)
+    return [_PREFIX.pack(MAGIC, len(body), payload) + body, *views]
+
+
+def frame_size(buffers: list) -> int:
+    return sum(memoryview(b).nbytes for b in buffers)
+
+
+def _segment_arrays(descriptors, limits: Limits) -> list[np.ndarray]:
+    if not isinstance(descriptors, tuple):
+        raise ProtocolError("'seg' must be a list of [dtype, shape]")
+    arrays = []
+    for item in descriptors:
+        try:
+            name, shape = item
+            dtype = _NUMPY[name]
+            shape = tuple(int(s) for s in shape)
+        except (KeyError, TypeError, ValueError):
+            raise ProtocolError(f"bad segment descriptor {item!r:.80}") from None
+        if any(s < 0 for s in shape) or len(shape) > 64:
+            raise ProtocolError(f"bad segment shape {shape!r:.80}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > limits.max_tensor_bytes:
+            raise ProtocolError(f"a tensor of {nbytes} bytes exceeds the limit of {limits.max_tensor_bytes} bytes")
+        arrays.append(np.empty(shape, dtype))
+    return arrays
+
+
+class FrameReader:
+    """Incremental frame parser for a byte stream, without I/O.
+
+    The shell asks :meth:`buffer` where the next bytes go, receives into it, and reports how
+    many arrived with :meth:`advance`, which returns the frames completed. Tensor bytes land
+    directly in the arrays the frame returns: no intermediate copies.
+    """
+
+    def __init__(self, limits: Limits = Limits()):
+        self.limits = limits
+        self._reset()
+
+    def _reset(self):
+        self._stage = "prefix"
+        self._target = memoryview(bytearray(PREFIX_SIZE))
+        self._filled = 0
+        self._header = None
+        self._arrays: list[np.ndarray] = []
+        self._views: list[memoryview] = []
+        self._payload = 0
+
+    def buffer(self) -> memoryview:
+        """The writable region where the next bytes of the stream belong."""
+        return self._target[self._filled:]
+
+    def advance(self, n: int) -> list[Frame]:
+        """Record ``n`` bytes written into :meth:`buffer`; return the frames now complete."""
+        self._filled += n
+        frames = []
+        while self._filled == len(self._target):
+            frame = self._next_stage()
+            if frame is not None:
+                frames.append(frame)
+                if self._filled != len(self._target):
+                    break
+        return frames
+
+    def feed(self, data) -> list[Frame]:
+        """Copy ``data`` into the stream (for message transports such as WebSocket)."""
+        data = memoryview(data).cast("B")
+        frames = []
+        while data.nbytes:
+            target = self.buffer()
+            n = min(target.nbytes, data.nbytes)
+            target[:n] = data[:n]
+            data = data[n:]
+            frames += self.advance(n)
+        return frames
+
+    def _next_stage(self) -> Frame | None:
+        limits = self.limits
+        if self._stage == "prefix":
+            magic, header_len, payload = _PREFIX.unpack(self._target)
+            if magic != MAGIC:
+                raise ProtocolError(f"bad frame magic {bytes(magic)!r}: not an ember peer")
+            if header_len > limits.max_header_bytes:
+                raise ProtocolError(f"a header of {header_len} bytes exceeds the limit of {limits.max_header_bytes}")
+            if payload + header_len > limits.max_frame_bytes:
+                raise ProtocolError(f"a frame of {payload + header_len} bytes exceeds the limit of {limits.max_frame_bytes}")
+            self._payload = payload
+            self._stage, self._target, self._filled = "header", memoryview(bytearray(header_len)), 0
+            return None if header_len else self._next_stage()
+        if self._stage == "header":
+            header = unpack(self._target) if len(self._target) else {}
+            if not isinstance(header, dict):
+                raise ProtocolError("a frame header must be a map")
+            self._header = header
+            self._arrays = _segment_arrays(header.get("seg", ()), limits)
+            total = sum(a.nbytes for a in self._arrays)
+            if total != self._payload:
+                raise ProtocolError(f"segments of {total} bytes disagree with the payload length {self._payload}")
+            self._views = [memoryview(a.reshape(-1).view(np.uint8)) for a in self._arrays if a.nbytes]
+            return self._next_segment()
+        return self._next_segment()
+
+    def _next_segment(self) -> Frame | None:
+        if self._views:
+            self._stage, self._target, self._filled = "segment", self._views.pop(0), 0
+            return None
+        frame = Frame(self._header, self._arrays)
+        self._reset()
+        return frame
+
+
+#: error kinds a peer may name in a reply, mapped to the exception the client raises
+ERROR_KINDS = {name: value for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, errors.EmberError)}
+
+
+def error_from_reply(kind, message) -> errors.EmberError:
+    """The typed exception for an error reply (ExecutionError for kinds this client lacks)."""
+    return ERROR_KINDS.get(kind, errors.ExecutionError)(str(message))

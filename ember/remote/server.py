@@ -1,0 +1,453 @@
+"""Compute peers: ``serve`` / ``Server`` host the local devices of one backend.
+
+Each connection is one session with its own table of tensors. :class:`Session` is the protocol
+logic without I/O (a frame in, replies out); the server's threads only move frames. Ops run
+through the same :class:`LocalEngine` as local execution, after the op row's meta rule has
+validated them, so a peer executes nothing the table would refuse locally.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import math
+import socket
+import threading
+import uuid
+
+from .. import errors
+from ..devices import Device, LocalDevice, device as as_device
+from ..engines.local import LocalEngine
+from ..errors import ArgumentError, EmberError, HostDeviceError, ProtocolError
+from ..ops import OPS
+from ..ops.table import REQUIRED, Meta
+from . import protocol as wire
+from .protocol import Frame, Limits, Literal
+from .tcp import TcpConnection
+from .websocket import accept as accept_websocket
+
+log = logging.getLogger("ember.serve")
+
+#: what each kind of device means for hosting: None (it executes) or why it cannot be hosted
+HOSTING_REFUSALS = {
+    "local": None,
+    "capture": "cannot host a remote server on a capture device — capture records operations without "
+               "executing them; host the underlying backend instead (e.g. `numpy`)",
+    "remote": "cannot host a remote server on a remote device — run `ember serve` on the machine that owns "
+              "the hardware",
+}
+
+
+def hosted_devices(device) -> list[LocalDevice]:
+    """The devices a peer serving ``device`` hosts, by hardware index; HostDeviceError if none.
+
+    Autodiff is stripped (gradients are the client's concern); a backend hosts all its devices
+    of that kind: ``torch:cuda:1`` hosts every CUDA device.
+    """
+    target = as_device(device).inner()
+    refusal = HOSTING_REFUSALS.get(target.kind, f"cannot host a remote server on a {target.kind} device")
+    if refusal:
+        raise HostDeviceError(refusal)
+    from ..backends import backend_module
+    family = str(target).rsplit(":", 1)[0] if str(target).startswith("torch:cuda") else str(target)
+    try:
+        names = backend_module(target.backend_name).devices()
+    except ImportError as error:
+        raise HostDeviceError(f"cannot host {target}: {target.backend_name} is not installed ({error})") from None
+    return [as_device(n) for n in names if n == family or n.startswith(family + ":")] or [target]
+
+
+def _parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ArgumentError(f"listen address must be HOST:PORT, got {listen!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Poison:
+    """What a failed op leaves in its outputs: the error, raised where they are read."""
+
+    __slots__ = ("kind", "message")
+
+    def __init__(self, kind: str, message: str):
+        self.kind, self.message = kind, message
+
+
+def _error_kind(error: Exception) -> str:
+    return type(error).__name__ if isinstance(error, EmberError) else "ExecutionError"
+
+
+class Session:
+    """One client's session, without I/O: :meth:`handle` takes a frame and returns the reply
+    frames to send (header, segments)."""
+
+    def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry | None = None):
+        self.engine = engine
+        self.limits = limits
+        self.registry = registry
+        self.tensors: dict[int, object] = {}   # id -> native array or Poison
+        self.metas: dict[int, Meta] = {}
+        self.unreported: list[Poison] = []      # failures since the last sync
+        self.ops = 0
+
+    # -- bookkeeping --
+    def live_bytes(self) -> int:
+        return sum(math.prod(m.shape) * m.dtype.itemsize for m in self.metas.values() if None not in m.shape)
+
+    def close(self) -> None:
+        self.tensors.clear()
+        self.metas.clear()
+
+    def _store(self, tid, value, meta: Meta | None) -> None:
+        if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+            raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
+        self.tensors[tid] = value
+        if meta is not None:
+            self.metas[tid] = meta
+        else:
+            self.metas.pop(tid, None)
+
+    def _poison(self, outputs, kind: str, message: str) -> None:
+        poison = Poison(kind, message)
+        for tid in outputs:
+            self._store(tid, poison, None)
+        self.unreported.append(poison)
+
+    # -- the frame handler --
+    def handle(self, frame: Frame) -> list[tuple[dict, list]]:
+        header = frame.header
+        kind = header.get("t")
+        if kind == "close":
+            return []
+        if kind != "batch":
+            raise ProtocolError(f"unexpected frame type {kind!r} in a session")
+        messages = header.get("m", ())
+        if not isinstance(messages, tuple):
+            raise ProtocolError("a batch's 'm' must be a list of messages")
+        replies: list = []
+        segments: list = []
+        for message in messages:
+            if not isinstance(message, tuple) or not message or not isinstance(message[0], str):
+                raise ProtocolError(f"malformed message {message!r:.80}")
+            handler = self._HANDLERS.get(message[0])
+            if handler is None:
+                raise ProtocolError(f"unknown message type {message[0]!r}")
+            try:
+                handler(self, message[1:], frame.segments, replies, segments)
+            except (TypeError, ValueError, IndexError) as error:
+                if isinstance(error, EmberError):
+                    raise
+                raise ProtocolError(f"malformed {message[0]!r} message: {error}") from None
+        return [({"t": "reply", "m": replies}, segments)] if replies else []
+
+    def _op(self, body, frame_segments, replies, segments) -> None:
+        name, inputs, outputs, attrs = body
+        if not isinstance(outputs, tuple) or not isinstance(inputs, tuple) or not isinstance(attrs, dict):
+            raise ProtocolError("an op message is (name, inputs, outputs, attrs)")
+        self.ops += 1
+        op = OPS.get(name) if isinstance(name, str) else None
+        if op is None:
+            self._poison(outputs, "ProtocolError", f"unknown op {name!r}")
+            return
+        handles, metas = [], []
+        for ref in inputs:
+            if isinstance(ref, Literal):
+                handles.append(ref.value)
+                metas.append(Meta((), ref.dtype))
+                continue
+            value = self.tensors.get(ref) if isinstance(ref, int) else None
+            if value is None:
+                self._poison(outputs, "ExecutionError", f"{name}: unknown tensor id {ref!r} (dropped, or from another session)")
+                return
+            if isinstance(value, Poison):  # the failure travels to everything that depends on it
+                for tid in outputs:
+                    self._store(tid, value, None)
+                return
+            handles.append(value)
+            metas.append(self.metas[ref])
+        try:
+            unknown = attrs.keys() - op.attrs.keys()
+            if unknown:
+                raise ProtocolError(f"{name}: unknown attribute {sorted(unknown)[0]!r}")
+            full = {k: attrs.get(k, default) for k, default in op.attrs.items()}
+            if any(v is REQUIRED for v in full.values()):
+                raise ProtocolError(f"{name}: a required attribute is missing")
+            full, out_metas = op.infer(tuple(metas), full)
+            if len(out_metas) != len(outputs):
+                raise ProtocolError(f"{name}: {len(outputs)} output ids for {len(out_metas)} outputs")
+            for meta in out_metas:
+                if None not in meta.shape and math.prod(meta.shape) * meta.dtype.itemsize > self.limits.max_tensor_bytes:
+                    raise ProtocolError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
+                                        f"tensor limit of {self.limits.max_tensor_bytes} bytes")
+            values, out_metas = self.engine.execute(op, tuple(handles), tuple(metas), full, out_metas)
+        except Exception as error:  # a peer never crashes on bad input: the outputs carry the error
+            self._poison(outputs, _error_kind(error), str(error) if str(error).startswith(name) else f"{name}: {error}")
+            return
+        for tid, value, meta in zip(outputs, values, out_metas):
+            self._store(tid, value, meta)
+
+    def _put(self, body, frame_segments, replies, segments) -> None:
+        tid, index = body
+        host = frame_segments[index]
+        from ..backends.numpy import EMBER
+        self._store(tid, self.engine.upload(host), Meta(tuple(host.shape), EMBER[host.dtype]))
+
+    def _read(self, tid, rid, replies) -> object | None:
+        value = self.tensors.get(tid) if isinstance(tid, int) else None
+        if value is None:
+            replies.append(("error", rid, "ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)"))
+            return None
+        if isinstance(value, Poison):
+            replies.append(("error", rid, value.kind, value.message))
+            return None
+        return value
+
+    def _get(self, body, frame_segments, replies, segments) -> None:
+        rid, tid = body
+        value = self._read(tid, rid, replies)
+        if value is not None:
+            replies.append(("data", rid, len(segments)))
+            segments.append(self.engine.download(value))
+
+    def _shape(self, body, frame_segments, replies, segments) -> None:
+        rid, ids = body
+        shapes = []
+        for tid in ids:
+            if self._read(tid, rid, replies) is None:
+                return
+            shapes.append(self.metas[tid].shape)
+        replies.append(("shapes", rid, tuple(shapes)))
+
+    def _sync(self, body, frame_segments, replies, segments) -> None:
+        (rid,) = body
+        if self.unreported:
+            first = self.unreported[0]
+            self.unreported.clear()
+            replies.append(("error", rid, first.kind, first.message))
+        else:
+            replies.append(("ok", rid))
+
+    def _drop(self, body, frame_segments, replies, segments) -> None:
+        (ids,) = body
+        for tid in ids:
+            self.tensors.pop(tid, None)
+            self.metas.pop(tid, None)
+
+    def _stats(self, body, frame_segments, replies, segments) -> None:
+        (rid,) = body
+        stats = {"session_tensors": len(self.tensors), "session_bytes": self.live_bytes(), "session_ops": self.ops}
+        if self.registry is not None:
+            stats.update(self.registry.stats())
+        replies.append(("stats", rid, stats))
+
+    _HANDLERS = {"op": _op, "put": _put, "get": _get, "shape": _shape, "sync": _sync, "drop": _drop, "stats": _stats}
+
+
+class Registry:
+    """The live sessions of a server (for its counters)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sessions: set[Session] = set()
+
+    def stats(self) -> dict:
+        with self.lock:
+            sessions = list(self.sessions)
+        return {"sessions": len(sessions), "live_tensors": sum(len(s.tensors) for s in sessions)}
+
+
+class Server:
+    """A compute peer serving ``device``'s backend on ``listen`` ("HOST:PORT"; port 0 picks one).
+
+    ``start()`` returns once the socket listens; ``address`` is then "host:port"; ``stop()``
+    closes every session. A non-loopback address needs a ``token`` unless ``insecure=True``.
+    Hosting is validated before any socket is bound.
+    """
+
+    def __init__(self, device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None,
+                 insecure: bool = False, limits: Limits = Limits(), timeout: float | None = None):
+        self.devices = hosted_devices(device)
+        self.host, self.port = _parse_listen(listen)
+        if not is_loopback(self.host) and not token and not insecure:
+            raise ArgumentError(f"refusing to listen on {listen} without a token: anyone who reaches it could use this "
+                                f"machine's devices; pass a token (--token-file) or insecure=True (--insecure)")
+        self.token = token or None
+        self.limits = limits
+        self.timeout = timeout
+        self.registry = Registry()
+        self._listener: socket.socket | None = None
+        self._threads: set[threading.Thread] = set()
+        self._connections: set = set()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    @property
+    def address(self) -> str:
+        """"host:port" the server listens on (after start)."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def backend_name(self) -> str:
+        return self.devices[0].backend_name
+
+    def start(self) -> Server:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self.host, self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        thread = threading.Thread(target=self._accept_loop, name="ember-accept", daemon=True)
+        thread.start()
+        self._threads.add(thread)
+        log.info("serving %s on %s", ", ".join(str(d) for d in self.devices), self.address)
+        return self
+
+    def serve_forever(self) -> None:
+        """Start (if needed) and block until ``stop()`` or Ctrl-C."""
+        if self._listener is None:
+            self.start()
+        try:
+            self._stopping.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+
+    def request_stop(self) -> None:
+        """Make ``serve_forever`` return (safe from a signal handler)."""
+        self._stopping.set()
+
+    def stop(self) -> None:
+        """Stop listening and close every session (their tensors are freed)."""
+        self._stopping.set()
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            connection.close()
+        for thread in list(self._threads):
+            if thread is not threading.current_thread():
+                thread.join(timeout=5)
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve_connection, args=(sock,), name="ember-session", daemon=True)
+            with self._lock:
+                self._threads.add(thread)
+            thread.start()
+
+    def _serve_connection(self, sock: socket.socket) -> None:
+        connection = None
+        session = None
+        try:
+            sock.settimeout(10)  # the handshake must come promptly
+            first = sock.recv(4, socket.MSG_PEEK)
+            connection = accept_websocket(sock, self.limits) if first == b"GET " else TcpConnection(sock, self.limits, 10)
+            with self._lock:
+                self._connections.add(connection)
+            session = self._handshake(connection)
+            if session is None:
+                return
+            sock.settimeout(self.timeout)
+            while True:
+                frame = connection.receive()
+                if frame.header.get("t") == "close":
+                    return
+                for header, segments in session.handle(frame):
+                    connection.send(wire.encode_frame(header, segments))
+        except ProtocolError as error:
+            log.warning("closing a session: %s", error)
+            if connection is not None:
+                try:
+                    connection.send(wire.encode_frame({"t": "error", "kind": "ProtocolError", "reason": str(error)}))
+                except EmberError:
+                    pass
+        except (EmberError, OSError):
+            pass  # the client went away
+        except Exception:  # never let one session take the server down
+            log.exception("unexpected error in a session")
+        finally:
+            if session is not None:
+                with self.registry.lock:
+                    self.registry.sessions.discard(session)
+                session.close()
+            if connection is not None:
+                connection.close()
+                with self._lock:
+                    self._connections.discard(connection)
+            else:
+                sock.close()
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    def _handshake(self, connection) -> Session | None:
+        frame = connection.receive()
+        header = frame.header
+        if header.get("t") != "init":
+            raise ProtocolError("the first frame must be an init")
+
+        def refuse(kind: str, reason: str) -> None:
+            connection.send(wire.encode_frame({"t": "refuse", "kind": kind, "reason": reason}))
+
+        version = header.get("v")
+        if version != wire.VERSION:
+            refuse("ProtocolError", f"protocol version {version!r} is not supported: this peer speaks version {wire.VERSION}")
+            return None
+        token = header.get("token")
+        if self.token is not None and not (isinstance(token, str) and hmac.compare_digest(token.encode(), self.token.encode())):
+            refuse("AccessDenied", "bad or missing token: pass it in the device string (ember://TOKEN@host:port/0) "
+                                   "or in EMBER_TOKEN")
+            return None
+        index = header.get("device", 0)
+        if not isinstance(index, int) or not 0 <= index < len(self.devices):
+            refuse("DeviceError", f"this peer hosts {len(self.devices)} device(s) "
+                                  f"({', '.join(str(d) for d in self.devices)}); index {index!r} does not exist")
+            return None
+        hosted = self.devices[index]
+        engine = LocalEngine(hosted.engine.backend)
+        session = Session(engine, self.limits, self.registry)
+        with self.registry.lock:
+            self.registry.sessions.add(session)
+        connection.send(wire.encode_frame({
+            "t": "info", "v": wire.VERSION, "session": uuid.uuid4().hex, "backend": self.backend_name,
+            "device": str(hosted), "devices": tuple(str(d) for d in self.devices), "device_count": len(self.devices),
+            "dtypes": tuple(d.name for d in hosted.engine.backend.dtypes), "limits": self.limits.as_dict(),
+        }))
+        return session
+
+
+def serve(device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None, insecure: bool = False,
+          limits: Limits = Limits()) -> None:
+    """Host ``device``'s backend as a compute peer on ``listen``; blocks until Ctrl-C.
+
+    Raises HostDeviceError (before binding anything) for a capture or remote device.
+    """
+    Server(device, listen, token=token, insecure=insecure, limits=limits).serve_forever()
+

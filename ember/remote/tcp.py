@@ -1,0 +1,102 @@
+"""The TCP shell: moves frames over a connected socket. Protocol logic lives in protocol.py.
+
+Large tensor segments are received straight into their arrays (``recv_into``); small stages
+go through a scratch buffer so a small frame costs one system call. Sends are scatter-gather
+(``sendmsg``), so tensor bytes are never joined into one buffer.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import deque
+
+from ..errors import ConnectionLost
+from .protocol import Frame, FrameReader, Limits
+
+_DIRECT = 1 << 16  # receive regions at least this large go straight into their array
+_IOV_MAX = 512
+
+
+def tune(sock: socket.socket) -> None:
+    """No Nagle delay; keepalive so a vanished host is noticed even while idle."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+class TcpConnection:
+    """Frames over a TCP socket, for either end."""
+
+    transport = "tcp"
+
+    def __init__(self, sock: socket.socket, limits: Limits = Limits(), timeout: float | None = None):
+        tune(sock)
+        sock.settimeout(timeout)
+        self.sock = sock
+        self.reader = FrameReader(limits)
+        self._frames: deque[Frame] = deque()
+        self._scratch = bytearray(_DIRECT)
+        self._closed = False
+
+    def set_limits(self, limits: Limits) -> None:
+        self.reader.limits = limits
+
+    def send(self, buffers: list) -> int:
+        """Send a frame's buffers; returns the bytes sent."""
+        views = [memoryview(b).cast("B") for b in buffers]
+        total = sum(v.nbytes for v in views)
+        try:
+            while views:
+                sent = self.sock.sendmsg(views[:_IOV_MAX])
+                while sent:
+                    if sent >= views[0].nbytes:
+                        sent -= views[0].nbytes
+                        views.pop(0)
+                    else:
+                        views[0] = views[0][sent:]
+                        sent = 0
+                while views and not views[0].nbytes:
+                    views.pop(0)
+        except (OSError, ValueError) as error:
+            raise ConnectionLost(f"connection lost while sending: {error}") from None
+        return total
+
+    def receive(self) -> Frame:
+        """The next frame (blocking, within the socket's timeout)."""
+        while not self._frames:
+            target = self.reader.buffer()
+            try:
+                if target.nbytes >= _DIRECT:
+                    n = self.sock.recv_into(target)
+                    frames = self.reader.advance(n) if n else None
+                else:
+                    n = self.sock.recv_into(self._scratch)
+                    frames = self.reader.feed(memoryview(self._scratch)[:n]) if n else None
+            except socket.timeout:
+                raise ConnectionLost("timed out waiting for the peer") from None
+            except OSError as error:
+                raise ConnectionLost(f"connection lost: {error}") from None
+            if not n:
+                raise ConnectionLost("the peer closed the connection")
+            self._frames.extend(frames)
+        return self._frames.popleft()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+
+
+def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None) -> TcpConnection:
+    """A TCP frame connection to ``host:port``."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as error:
+        raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from None
+    return TcpConnection(sock, limits, timeout)

@@ -1,0 +1,135 @@
+"""The WebSocket shell: the same frames, one binary message each, for proxies and browsers.
+
+It drives the ``websockets`` library's sans-I/O protocol objects over a blocking socket, so the
+server can take WebSocket clients on the same port as TCP ones (a request starting with
+``GET`` is a WebSocket upgrade).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import deque
+
+from websockets.client import ClientProtocol
+from websockets.frames import Opcode
+from websockets.http11 import Request, Response
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from websockets.uri import parse_uri
+
+from ..errors import ConnectionLost, ProtocolError
+from .protocol import Frame, FrameReader, Limits
+from .tcp import tune
+
+_CHUNK = 1 << 20
+
+
+class WebSocketConnection:
+    """Frames as binary WebSocket messages, for either end."""
+
+    transport = "websocket"
+
+    def __init__(self, sock: socket.socket, protocol, limits: Limits = Limits()):
+        self.sock = sock
+        self.protocol = protocol
+        self.reader = FrameReader(limits)
+        self._frames: deque[Frame] = deque()
+        self._parts: list[bytes] = []
+        self._closed = False
+
+    def set_limits(self, limits: Limits) -> None:
+        self.reader.limits = limits
+        self.protocol.max_size = limits.max_frame_bytes + limits.max_header_bytes
+
+    def _flush(self) -> None:
+        data = self.protocol.data_to_send()
+        if data:
+            try:
+                self.sock.sendall(b"".join(data))
+            except OSError as error:
+                raise ConnectionLost(f"connection lost while sending: {error}") from None
+
+    def send(self, buffers: list) -> int:
+        message = b"".join(memoryview(b).cast("B") for b in buffers)
+        self.protocol.send_binary(message)
+        self._flush()
+        return len(message)
+
+    def _pump(self) -> list:
+        try:
+            data = self.sock.recv(_CHUNK)
+        except socket.timeout:
+            raise ConnectionLost("timed out waiting for the peer") from None
+        except OSError as error:
+            raise ConnectionLost(f"connection lost: {error}") from None
+        if not data:
+            self.protocol.receive_eof()
+            raise ConnectionLost("the peer closed the connection")
+        self.protocol.receive_data(data)
+        events = self.protocol.events_received()
+        self._flush()  # pongs and close replies
+        if self.protocol.state is State.CLOSED and not events:
+            raise ConnectionLost(f"the WebSocket closed: {self.protocol.close_exc}")
+        return events
+
+    def receive(self) -> Frame:
+        while not self._frames:
+            for event in self._pump():
+                if getattr(event, "opcode", None) in (Opcode.BINARY, Opcode.CONT):
+                    self._parts.append(event.data)
+                    if event.fin:
+                        message, self._parts = b"".join(self._parts), []
+                        self._frames.extend(self.reader.feed(message))
+                elif getattr(event, "opcode", None) == Opcode.TEXT:
+                    raise ProtocolError("text WebSocket messages are not part of the ember protocol")
+                elif getattr(event, "opcode", None) == Opcode.CLOSE:
+                    raise ConnectionLost("the peer closed the WebSocket")
+        return self._frames.popleft()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.protocol.send_close()
+            self._flush()
+        except Exception:
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None, path: str = "/") -> WebSocketConnection:
+    """A WebSocket frame connection to ``ws://host:port``."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as error:
+        raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from None
+    tune(sock)
+    protocol = ClientProtocol(parse_uri(f"ws://{host}:{port}{path}"), max_size=limits.max_frame_bytes + limits.max_header_bytes)
+    connection = WebSocketConnection(sock, protocol, limits)
+    protocol.send_request(protocol.connect())
+    connection._flush()
+    while True:
+        for event in connection._pump():
+            if isinstance(event, Response):
+                if protocol.handshake_exc is not None:
+                    raise ConnectionLost(f"WebSocket handshake with {host}:{port} failed: {protocol.handshake_exc}")
+                return connection
+
+
+def accept(sock: socket.socket, limits: Limits = Limits()) -> WebSocketConnection:
+    """Complete the WebSocket opening handshake of an accepted socket."""
+    protocol = ServerProtocol(max_size=limits.max_frame_bytes + limits.max_header_bytes)
+    connection = WebSocketConnection(sock, protocol, limits)
+    while True:
+        for event in connection._pump():
+            if isinstance(event, Request):
+                response = protocol.accept(event)
+                protocol.send_response(response)
+                connection._flush()
+                if protocol.handshake_exc is not None:
+                    raise ProtocolError(f"WebSocket handshake failed: {protocol.handshake_exc}")
+                return connection
