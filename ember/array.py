@@ -27,11 +27,13 @@ class Array:
     def __init__(self, *args, **kwargs):
         raise TypeError("ember arrays are made by ember functions, e.g. ember.asarray(...)")
 
-    @classmethod
-    def _new(cls, handle, meta: Meta, device: Device) -> Array:
-        self = object.__new__(cls)
-        self._handle, self._meta, self._device = handle, meta, device
-        return self
+    def __init_subclass__(cls, **kwargs):
+        raise TypeError("ember.Array cannot be subclassed (bind recognises arrays by exact type)")
+
+    @staticmethod
+    def _new(handle, meta: Meta, device: Device) -> Array:
+        """An array over an engine handle whose meta is known (no checks: internal)."""
+        return _new_array(handle, meta, device)
 
     # --- attributes ---------------------------------------------------------------------------
 
@@ -188,20 +190,19 @@ def bind(op, inputs: tuple, attrs: dict, device: Device | None = None, literal_d
     dtype) on their common device, or on ``device`` for ops without array inputs.
 
     The meta rule runs first, so a bad call fails before any engine sees it; the engine returns
-    handles for outputs whose shapes and dtypes are already known.
+    handles for outputs whose shapes and dtypes are already known. This is the hot path of
+    every operation: keep it lean.
     """
     metas = []
     handles = []
     for value in inputs:
-        if isinstance(value, Array):
-            if device is None:
-                device = value._device
-            elif value._device is not device:
-                device = _common_device(op, device, value._device)
+        if type(value) is Array:
+            if device is not value._device:
+                device = value._device if device is None else _common_device(op, device, value._device)
             metas.append(value._meta)
             handles.append(value._handle)
         elif literal_dtype is not None and dt.is_python_scalar(value):
-            metas.append(Meta((), literal_dtype))
+            metas.append(SCALAR_METAS[literal_dtype])
             handles.append(value)
         else:
             raise DTypeError(f"{op.name}: expected an ember array, got {type(value).__name__}"
@@ -211,10 +212,21 @@ def bind(op, inputs: tuple, attrs: dict, device: Device | None = None, literal_d
     metas = tuple(metas)
     attrs, out_metas = op.infer(metas, attrs)
     outs, out_metas = device.engine.execute(op, tuple(handles), metas, attrs, out_metas)
-    new = Array._new
     if op.multiple:
-        return tuple(new(h, m, device) for h, m in zip(outs, out_metas))
-    return new(outs[0], out_metas[0], device)
+        return tuple(_new_array(h, m, device) for h, m in zip(outs, out_metas))
+    return _new_array(outs[0], out_metas[0], device)
+
+
+SCALAR_METAS = {d: Meta((), d) for d in dt.ALL}  # the metas of Python scalar literals
+
+
+def _new_array(handle, meta: Meta, device: Device) -> Array:
+    array = _object_new(Array)
+    array._handle, array._meta, array._device = handle, meta, device
+    return array
+
+
+_object_new = object.__new__
 
 
 def _common_device(op, first: Device, second: Device) -> Device:

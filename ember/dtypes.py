@@ -21,10 +21,11 @@ _KIND_RANK = {BOOL: 0, SIGNED: 1, UNSIGNED: 1, REAL: 2, COMPLEX: 3}
 class DType:
     """An Array API dtype: ``ember.float32`` and friends. Compare with ``==``."""
 
-    __slots__ = ("name", "kind", "bits")
+    __slots__ = ("name", "kind", "bits", "itemsize")
 
     def __init__(self, name: str, kind: str, bits: int):
         self.name, self.kind, self.bits = name, kind, bits
+        self.itemsize = max(bits // 8, 1)  # bytes per element
 
     def __repr__(self) -> str:
         return f"ember.{self.name}"
@@ -34,11 +35,6 @@ class DType:
 
     def __reduce__(self):  # copy/deepcopy keep the singleton
         return (from_name, (self.name,))
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element."""
-        return max(self.bits // 8, 1)
 
 
 bool_ = DType("bool", BOOL, 8)

@@ -333,14 +333,14 @@ def test_a_bad_op_from_a_raw_client_poisons_only_its_outputs(peer):
 
 
 def test_protocol_reader_on_byte_fixtures():
-    header = {"t": "batch", "m": (("op", "add", (1, wire.Literal(2.5, em.float32)), (3,), {"k": em.int8, "z": 1j}),)}
+    header = {"t": "batch", "m": (("op", "add", (1, (2.5, "float32")), (3,), {"k": em.int8, "z": 1j}),)}
     data = b"".join(bytes(b) for b in wire.encode_frame(header, [np.arange(4, dtype=np.int16)]))
     reader = wire.FrameReader()
     frames = []
     for i in range(len(data)):  # byte by byte: the reader never needs whole frames
         frames += reader.feed(data[i:i + 1])
     (frame,) = frames
-    assert frame.header["m"][0][2][1] == wire.Literal(2.5, em.float32)
+    assert frame.header["m"][0][2] == (1, (2.5, "float32"))
     assert frame.header["m"][0][4] == {"k": em.int8, "z": 1j}
     np.testing.assert_array_equal(frame.segments[0], [0, 1, 2, 3])
     with pytest.raises(em.ProtocolError, match="exceeds the limit"):

@@ -7,6 +7,8 @@ dtypes unsupported (``dtypes`` below) instead of failing inside kernels.
 
 from __future__ import annotations
 
+import math
+
 import array_api_compat.torch as compat
 import array_api_compat.torch.linalg as compat_linalg
 import numpy as np
@@ -15,7 +17,6 @@ import torch
 from .. import dtypes as dt
 from ..errors import NotSupportedError
 from ..ops.creation import arange_length
-from ..ops.indexing import decode_key
 from .base import Backend
 
 SUPPORTED = tuple(d for d in dt.ALL if d not in (dt.uint16, dt.uint32, dt.uint64))
@@ -59,6 +60,9 @@ def _native_key(x, key, arrays):
             dim += 1
         elif type(item) is tuple:
             index = arrays[item[1]]
+            if index.dtype == torch.bool and index.shape != x.shape[dim:dim + index.ndim]:
+                # a mask with a 0-long axis selects nothing (the standard allows it; torch refuses the shape)
+                index = torch.zeros(x.shape[dim:dim + index.ndim], dtype=torch.bool, device=x.device)
             out.append(index)
             dim += index.ndim if index.dtype == torch.bool else 1
         elif item is None:
@@ -142,7 +146,7 @@ def _repeat(x, repeats, axis):
 
 
 def _unique_all(x):
-    values, inverse, counts = torch.unique(x.reshape(-1), sorted=True, return_inverse=True, return_counts=True)
+    values, inverse, counts = _unique_flat(x)
     positions = torch.arange(inverse.numel(), device=x.device)
     first = torch.full((values.numel(),), inverse.numel(), dtype=torch.int64, device=x.device)
     first = first.scatter_reduce(0, inverse, positions, reduce="amin")
@@ -155,6 +159,13 @@ def _vecdot(x1, x2, axis):
     return torch.sum(x1 * x2, dim=axis, dtype=x1.dtype)  # torch's vecdot takes floating inputs only
 
 
+def _vector_norm(x, axis, keepdims, ord):
+    if axis == ():  # torch reads dim=() as every axis; over no axes each element is its own norm
+        magnitude = torch.abs(x)
+        return (magnitude != 0).to(magnitude.dtype) if ord == 0 else magnitude
+    return torch.linalg.vector_norm(x, ord=ord, dim=axis, keepdim=keepdims)
+
+
 def _pow(x1, x2):
     out = compat.pow(x1, x2)
     if out.is_complex():  # torch gives nan for a complex 0 ** 0; the standard says 1
@@ -162,14 +173,110 @@ def _pow(x1, x2):
     return out
 
 
-def _unique(function):
-    return lambda x: tuple(function(x))
+def _floor_divide(x1, x2):
+    out = torch.floor_divide(x1, x2)
+    if out.is_floating_point():  # torch gives nan for inf // finite and -1 for 1 // -inf; the standard wants floor(x1 / x2)
+        infinite = torch.isinf(x1) & torch.isfinite(x2) | torch.isfinite(x1) & torch.isinf(x2)
+        out = torch.where(infinite, torch.floor(torch.divide(x1, x2)), out)
+    return out
+
+
+def _remainder(x1, x2):
+    out = torch.remainder(x1, x2)
+    if out.is_floating_point():  # a zero result takes the sign of x2; torch keeps x1's (remainder(-0, 2) is -0)
+        out = torch.where(out == 0, torch.copysign(out, x2), out)
+    return out
+
+
+def _acos(x):
+    out = torch.acos(x)
+    if out.is_complex():  # on the real axis the imaginary part's sign must mirror x's (acos(0 + 0j) is π/2 - 0j);
+        on_axis = x.imag == 0  # torch loses it
+        out = torch.where(on_axis, torch.complex(out.real, torch.copysign(out.imag, -x.imag)), out)
+    return out
+
+
+def _add_one(x):
+    """``x + 1`` keeping the sign of a zero imaginary part (adding 1 + 0j would make -0j into +0j)."""
+    return torch.complex(x.real + 1, x.imag) if x.is_complex() else x + 1
+
+
+def _expm1(x):
+    out = torch.expm1(x)
+    if out.is_complex():  # torch's complex expm1 gives nan + nanj at infinities and nans; exp(x) - 1 is right there
+        exp = torch.exp(x)
+        out = torch.where(torch.isfinite(x), out, torch.complex(exp.real - 1, exp.imag))
+        # and -0 + 0j for -0 + 0j, where the standard wants +0 + 0j
+        out = torch.where(x == 0, torch.complex(torch.zeros_like(x.real), x.imag), out)
+    return out
+
+
+def _tanh(x):
+    out = torch.tanh(x)
+    if out.is_complex():  # tanh(±inf + yj) is ±1 + 0j with the zero signed like y; torch signs it like sin(2y)
+        edge = torch.isinf(x.real) & torch.isfinite(x.imag)
+        out = torch.where(edge, torch.complex(torch.sign(x.real), torch.copysign(torch.zeros_like(x.imag), x.imag)), out)
+    return out
+
+
+def _log1p(x):
+    out = torch.log1p(x)
+    if out.is_complex():  # torch's complex log1p gives nan + nanj for ±inf + nanj and nan + infj; log(1 + x) is right there
+        out = torch.where(torch.isfinite(x), out, torch.log(_add_one(x)))
+    return out
+
+
+def _variance(x, axis, correction, keepdims):
+    """torch.var refuses a fractional correction (pytorch#61492) and reads axis=() as every axis,
+    so those are computed from the definition."""
+    if axis != () and float(correction).is_integer():
+        return compat.var(x, axis=axis, correction=int(correction), keepdims=keepdims)
+    dims = tuple(range(x.ndim)) if axis is None else axis
+    if not dims:
+        return torch.zeros_like(x) / (1 - correction)
+    count = math.prod(x.shape[d] for d in dims)
+    squares = torch.square(x - torch.mean(x, dim=dims, keepdim=True))
+    return torch.sum(squares, dim=dims, keepdim=keepdims) / (count - correction)
+
+
+def _std(x, axis, correction, keepdims):
+    return torch.sqrt(_variance(x, axis, correction, keepdims))
+
+
+def _roll(x, shift, axis):
+    if axis is None:
+        return torch.roll(x, shift)
+    return torch.roll(x, shift, axis) if axis else x.clone()  # torch refuses empty shifts; rolling no axes is a copy
+
+
+def _unique_flat(x):
+    """``(values, inverse, counts)`` over x's elements, NaNs distinct. torch.unique lacks complex
+    dtypes, so complex numbers are made unique as (real, imag) rows."""
+    flat = x.reshape(-1)
+    if x.is_complex():
+        rows, inverse, counts = torch.unique(torch.view_as_real(flat), dim=0, return_inverse=True, return_counts=True)
+        return torch.view_as_complex(rows.contiguous()), inverse, counts
+    return torch.unique(flat, sorted=True, return_inverse=True, return_counts=True)
+
+
+def _unique_values(x):
+    return _unique_flat(x)[0]
+
+
+def _unique_counts(x):
+    values, _, counts = _unique_flat(x)
+    return values, counts
+
+
+def _unique_inverse(x):
+    values, inverse, _ = _unique_flat(x)
+    return values, inverse.reshape(x.shape)
 
 
 _BINARY = {
     "add": torch.add, "subtract": torch.subtract, "multiply": torch.multiply, "divide": torch.divide,
     "pow": _pow, "equal": torch.eq, "not_equal": torch.ne, "greater": torch.gt, "greater_equal": torch.ge,
-    "less": torch.lt, "less_equal": torch.le, "floor_divide": torch.floor_divide, "remainder": torch.remainder,
+    "less": torch.lt, "less_equal": torch.le, "floor_divide": _floor_divide, "remainder": _remainder,
     "maximum": torch.maximum, "minimum": torch.minimum, "atan2": torch.atan2, "copysign": torch.copysign,
     "hypot": torch.hypot, "nextafter": torch.nextafter, "logaddexp": torch.logaddexp,
     "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
@@ -178,21 +285,21 @@ _BINARY = {
 }
 
 KERNELS = {
-    "abs": torch.abs, "acos": torch.acos, "acosh": torch.acosh, "asin": torch.asin, "asinh": torch.asinh,
+    "abs": torch.abs, "acos": _acos, "acosh": torch.acosh, "asin": torch.asin, "asinh": torch.asinh,
     "atan": torch.atan, "atanh": torch.atanh, "bitwise_invert": torch.bitwise_not, "ceil": compat.ceil,
-    "conj": torch.conj_physical, "cos": torch.cos, "cosh": torch.cosh, "exp": torch.exp, "expm1": torch.expm1,
+    "conj": torch.conj_physical, "cos": torch.cos, "cosh": torch.cosh, "exp": torch.exp, "expm1": _expm1,
     "floor": compat.floor, "imag": _imag, "isfinite": torch.isfinite, "isinf": torch.isinf, "isnan": torch.isnan,
-    "log": torch.log, "log1p": torch.log1p, "log2": torch.log2, "log10": torch.log10,
+    "log": torch.log, "log1p": _log1p, "log2": torch.log2, "log10": torch.log10,
     "logical_not": torch.logical_not, "negative": torch.negative, "positive": torch.clone, "real": torch.real,
     "reciprocal": torch.reciprocal, "round": _round, "sign": compat.sign, "signbit": torch.signbit,
     "sin": torch.sin, "sinh": torch.sinh, "sqrt": torch.sqrt, "square": torch.square, "tan": torch.tan,
-    "tanh": torch.tanh, "trunc": compat.trunc,
+    "tanh": _tanh, "trunc": compat.trunc,
     **{name: _scalars_as_tensors(function) for name, function in _BINARY.items()},
     "where": torch.where, "tril": lambda x, k: torch.tril(x, k), "triu": lambda x, k: torch.triu(x, k),
     # reductions, scans, searching, sorting, sets
     "sum": _sum_like(compat.sum), "prod": _sum_like(compat.prod),
     "max": _reduce(compat.max), "min": _reduce(compat.min), "mean": _reduce(compat.mean),
-    "std": _reduce(compat.std), "var": _reduce(compat.var),
+    "std": _std, "var": _variance,
     "all": lambda x, axis, keepdims: compat.all(x, axis=axis, keepdims=keepdims) if axis != () else x.to(torch.bool),
     "any": lambda x, axis, keepdims: compat.any(x, axis=axis, keepdims=keepdims) if axis != () else x.to(torch.bool),
     "count_nonzero": lambda x, axis, keepdims: compat.count_nonzero(x, axis=axis, keepdims=keepdims).to(torch.int64)
@@ -205,8 +312,8 @@ KERNELS = {
     "argsort": lambda x, axis, descending, stable: compat.argsort(x, axis=axis, descending=descending, stable=stable),
     "searchsorted": lambda x1, x2, side: torch.searchsorted(x1, x2, side=side),
     "nonzero": lambda x: torch.nonzero(x, as_tuple=True),
-    "unique_values": compat.unique_values, "unique_counts": _unique(compat.unique_counts),
-    "unique_inverse": _unique(compat.unique_inverse), "unique_all": _unique_all,
+    "unique_values": _unique_values, "unique_counts": _unique_counts, "unique_inverse": _unique_inverse,
+    "unique_all": _unique_all,
     # manipulation
     "astype": lambda x, dtype, copy: x.to(NATIVE[dtype], copy=copy),
     "broadcast_to": lambda x, shape: torch.broadcast_to(x, shape),
@@ -218,7 +325,7 @@ KERNELS = {
     "permute_dims": lambda x, axes: torch.permute(x, axes),
     "repeat": _repeat,
     "reshape": lambda x, shape, copy: compat.reshape(x, shape, copy=copy),
-    "roll": lambda x, shift, axis: torch.roll(x, shift, axis) if axis is not None else torch.roll(x, shift),
+    "roll": _roll,
     "squeeze": lambda x, axis: torch.squeeze(x, axis) if axis else x,
     "tile": lambda x, repetitions: torch.tile(x, repetitions),
     "unstack": lambda x, axis: torch.unbind(x, axis),
@@ -239,7 +346,7 @@ KERNELS = {
     "diagonal": lambda x, offset: torch.diagonal(x, offset, dim1=-2, dim2=-1),
     "trace": lambda x, offset, dtype: torch.sum(torch.diagonal(x, offset, dim1=-2, dim2=-1), dim=-1, dtype=NATIVE[dtype]),
     "matrix_norm": lambda x, keepdims, ord: torch.linalg.matrix_norm(x, ord=ord, keepdim=keepdims),
-    "vector_norm": lambda x, axis, keepdims, ord: torch.linalg.vector_norm(x, ord=ord, dim=axis, keepdim=keepdims),
+    "vector_norm": _vector_norm,
     # fft
     "fft": _fft(torch.fft.fft), "ifft": _fft(torch.fft.ifft), "rfft": _fft(torch.fft.rfft),
     "irfft": _fft(torch.fft.irfft), "hfft": _fft(torch.fft.hfft), "ihfft": _fft(torch.fft.ihfft),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import dtypes as dt
 from ..errors import EmberError, ExecutionError, IndexingError, NotSupportedError
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
@@ -17,6 +18,7 @@ class LocalEngine(Engine):
         self._kernels = backend.kernels
         self._native_type = backend.native_type
         self._dtypes = frozenset(backend.dtypes)
+        self._all_dtypes = len(self._dtypes) == len(dt.ALL)  # then results need no dtype check
         self.ops_executed = 0
 
     def execute(self, op, inputs, in_metas, attrs, metas):
@@ -25,10 +27,8 @@ class LocalEngine(Engine):
         except KeyError:
             reason = self.backend.gaps.get(op.name, "no kernel")
             raise NotSupportedError(f"{op.name}: not supported on {self.backend.device_name} ({reason})") from None
-        for meta in metas:
-            if meta.dtype not in self._dtypes:
-                raise NotSupportedError(f"{op.name}: {self.backend.device_name} does not support {meta.dtype} results; "
-                                        f"ask for another dtype (e.g. dtype=int64)")
+        if not self._all_dtypes:
+            self._check_dtypes(op, metas)
         try:
             out = kernel(*inputs, **attrs)
         except EmberError:
@@ -44,6 +44,12 @@ class LocalEngine(Engine):
         if op.data_dependent:
             metas = tuple(Meta(tuple(o.shape), m.dtype) for o, m in zip(outs, metas))
         return outs, metas
+
+    def _check_dtypes(self, op, metas) -> None:
+        for meta in metas:
+            if meta.dtype not in self._dtypes:
+                raise NotSupportedError(f"{op.name}: {self.backend.device_name} does not support {meta.dtype} results; "
+                                        f"ask for another dtype (e.g. dtype=int64)")
 
     def upload(self, host: np.ndarray, copy: bool | None = None):
         return self.backend.from_host(host, copy)

@@ -21,7 +21,7 @@ def _unary(op):
     lifts = op.lift is not None
 
     def function(x, /):
-        if type(x) is not Array and not isinstance(x, Array):
+        if type(x) is not Array:
             raise DTypeError(f"{op.name}: expected an ember array, got {type(x).__name__}")
         if lifts and x._meta.dtype.kind in _LOWER_KINDS:
             x = astype_raw(x, dt.default_float)
@@ -56,13 +56,25 @@ def operands(name: str, x1, x2, lifts: bool = False):
         raise with_prefix(error, name) from None
 
 
+# dtypes a Python float or int scalar joins without a cast or a range check (the fast path)
+_KEEPS = {float: frozenset((dt.float32, dt.float64, dt.complex64, dt.complex128)),
+          int: frozenset((dt.float32, dt.float64, dt.complex64, dt.complex128))}
+
+
 def _binary(op):
     lifts = op.lift is not None
 
     def function(x1, x2, /):
-        if type(x1) is Array and type(x2) is Array and x1._meta.dtype is x2._meta.dtype and not (
-                lifts and x1._meta.dtype.kind in _LOWER_KINDS):
-            return bind(op, (x1, x2), _EMPTY)
+        if type(x1) is Array:
+            dtype = x1._meta.dtype
+            t2 = type(x2)
+            if t2 is Array:
+                if dtype is x2._meta.dtype and not (lifts and dtype.kind in _LOWER_KINDS):
+                    return bind(op, (x1, x2), _EMPTY)
+            elif (t2 is float or t2 is int) and dtype in _KEEPS[t2]:
+                return bind(op, (x1, x2), _EMPTY, literal_dtype=dtype)
+        elif type(x2) is Array and (type(x1) is float or type(x1) is int) and x2._meta.dtype in _KEEPS[type(x1)]:
+            return bind(op, (x1, x2), _EMPTY, literal_dtype=x2._meta.dtype)
         x1, x2, literal = operands(op.name, x1, x2, lifts)
         return bind(op, (x1, x2), _EMPTY, literal_dtype=literal)
 

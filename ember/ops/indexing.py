@@ -64,9 +64,11 @@ def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
         elif type(item) is tuple:
             index = arrays[item[1]]
             if index.dtype is dt.bool_:
-                if index.shape != shape[dim:dim + index.ndim]:
+                axes = shape[dim:dim + index.ndim]
+                # the standard lets a mask axis be 0 long whatever the axis it indexes (the result is empty)
+                if len(axes) != index.ndim or any(m not in (a, 0) for m, a in zip(index.shape, axes, strict=True)):
                     raise IndexingError(f"boolean index of shape {fmt_shape(index.shape)} does not match the indexed "
-                                        f"axes {fmt_shape(shape[dim:dim + index.ndim])} of shape {fmt_shape(shape)}")
+                                        f"axes {fmt_shape(axes)} of shape {fmt_shape(shape)}")
                 advanced.append((None,))
                 dim += index.ndim
             else:

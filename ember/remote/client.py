@@ -22,12 +22,13 @@ from ..engines.base import Engine
 from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError
 from ..ops.table import Meta
 from . import protocol as wire
-from .protocol import Limits, Literal
+from .protocol import Limits
 
 BATCH_OPS = 256          # send a batch once it holds this many messages …
 BATCH_SECONDS = 0.002    # … or once its first message is this old
 INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
 DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
+_clock = time.perf_counter
 
 
 class RemoteHandle:
@@ -74,18 +75,23 @@ class RemoteEngine(Engine):
                     raise ConnectionLost(f"{op.name}: an input lives in a lost session with {self.device}; its data is gone")
                 refs.append(value.id)
             else:
-                refs.append(Literal(value, meta.dtype))
+                refs.append((value, meta.dtype.name))  # a literal
         ids = self._ids
-        outs = tuple(RemoteHandle(self, next(ids)) for _ in metas)
+        if len(metas) == 1:
+            out = RemoteHandle(self, next(ids))
+            outs, out_ids = (out,), (out.id,)
+        else:
+            outs = tuple(RemoteHandle(self, next(ids)) for _ in metas)
+            out_ids = tuple(o.id for o in outs)
         pending = self._pending
+        now = _clock()
         if not pending:
-            self._first_pending = time.perf_counter()
-        pending.append(("op", op.name, tuple(refs), tuple(o.id for o in outs), attrs))
-        self.counters["ops"] += 1
+            self._first_pending = now
+        pending.append(("op", op.name, tuple(refs), out_ids, attrs))
         if op.data_dependent and any(None in m.shape for m in metas):
-            shapes = self._call(lambda rid: ("shape", rid, tuple(o.id for o in outs)))[2]
+            shapes = self._call(lambda rid: ("shape", rid, out_ids))[2]
             metas = tuple(Meta(tuple(s), m.dtype) for s, m in zip(shapes, metas))
-        elif len(pending) >= BATCH_OPS or time.perf_counter() - self._first_pending > BATCH_SECONDS:
+        elif len(pending) >= BATCH_OPS or now - self._first_pending > BATCH_SECONDS:
             self.flush()
         return outs, metas
 
@@ -158,6 +164,7 @@ class RemoteEngine(Engine):
                 return
             messages, self._pending = self._pending, []
             segments, self._segments = self._segments, []
+            self.counters["ops"] += sum(1 for m in messages if m[0] == "op")
             self._send({"t": "batch", "m": tuple(messages)}, segments)
 
     def _send(self, header: dict, segments: list) -> None:

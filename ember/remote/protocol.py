@@ -6,8 +6,9 @@ A frame is a 16-byte prefix, a msgpack header and raw tensor segments::
 
 The header is a map; its ``"seg"`` entry lists each segment as ``[dtype name, shape]``, so a
 receiver allocates every tensor before reading it and receives the bytes straight into it
-(:class:`FrameReader`). Nothing is pickled: msgpack carries plain values, and three extension
-types carry ember dtypes, complex numbers and scalar literals. Every size is checked against
+(:class:`FrameReader`). Nothing is pickled: msgpack carries plain values, and two extension
+types carry ember dtypes and complex numbers. An op's inputs are tensor ids (ints) or scalar
+literals written as ``[value, dtype name]``. Every size is checked against
 :class:`Limits` before anything is allocated. See docs/protocol.md.
 """
 
@@ -30,7 +31,7 @@ MAGIC = b"EMBR"
 _PREFIX = struct.Struct("<4sIQ")
 PREFIX_SIZE = _PREFIX.size  # 16
 
-_EXT_DTYPE, _EXT_COMPLEX, _EXT_LITERAL = 1, 2, 3
+_EXT_DTYPE, _EXT_COMPLEX = 1, 2
 _NUMPY = {d.name: np.dtype(d.name) for d in dt.ALL}
 
 
@@ -50,24 +51,6 @@ class Limits:
         return cls(**{k: int(v) for k, v in values.items() if k in cls.__dataclass_fields__})
 
 
-class Literal:
-    """A Python scalar standing as an op input, with the dtype it takes (tensor ids are ints).
-
-    Not a tuple: msgpack would send a tuple subclass as a plain array.
-    """
-
-    __slots__ = ("value", "dtype")
-
-    def __init__(self, value, dtype: dt.DType):
-        self.value, self.dtype = value, dtype
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Literal) and (self.value, self.dtype) == (other.value, other.dtype)
-
-    def __repr__(self) -> str:
-        return f"Literal({self.value!r}, {self.dtype})"
-
-
 class Frame(NamedTuple):
     """A decoded frame: its header map and its segments as NumPy arrays."""
     header: dict
@@ -81,8 +64,6 @@ def _default(value):
         return msgpack.ExtType(_EXT_DTYPE, value.name.encode())
     if isinstance(value, complex):
         return msgpack.ExtType(_EXT_COMPLEX, struct.pack("<dd", value.real, value.imag))
-    if isinstance(value, Literal):
-        return msgpack.ExtType(_EXT_LITERAL, msgpack.packb((value.value, value.dtype), default=_default))
     if isinstance(value, np.generic):
         return value.item()
     raise ProtocolError(f"cannot encode {type(value).__name__} {value!r}: only plain values travel")
@@ -96,12 +77,6 @@ def _ext_hook(code: int, data: bytes):
             raise ProtocolError(f"unknown dtype {data[:32]!r}") from None
     if code == _EXT_COMPLEX and len(data) == 16:
         return complex(*struct.unpack("<dd", data))
-    if code == _EXT_LITERAL:
-        value = unpack(data)
-        if not (isinstance(value, tuple) and len(value) == 2 and dt.is_python_scalar(value[0])
-                and isinstance(value[1], dt.DType)):
-            raise ProtocolError("a literal must be a scalar and its dtype")
-        return Literal(*value)
     raise ProtocolError(f"unknown msgpack extension type {code}")
 
 
@@ -133,8 +108,11 @@ def unpack(data, limit: int | None = None):
 
 # --- frames -----------------------------------------------------------------------------------
 
-def segment_descriptor(array: np.ndarray) -> list:
-    return [array.dtype.name, list(array.shape)]
+_NAMES = {np.dtype(d.name): d.name for d in dt.ALL}
+
+
+def segment_descriptor(array: np.ndarray) -> tuple:
+    return (_NAMES[array.dtype], array.shape)
 
 
 def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:

@@ -16,14 +16,14 @@ import socket
 import threading
 import uuid
 
-from .. import errors
+from .. import dtypes as dt
 from ..devices import Device, LocalDevice, device as as_device
 from ..engines.local import LocalEngine
 from ..errors import ArgumentError, EmberError, HostDeviceError, ProtocolError
 from ..ops import OPS
 from ..ops.table import REQUIRED, Meta
 from . import protocol as wire
-from .protocol import Frame, Limits, Literal
+from .protocol import Frame, Limits
 from .tcp import TcpConnection
 from .websocket import accept as accept_websocket
 
@@ -72,6 +72,9 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+_SCALAR_METAS = {d.name: Meta((), d) for d in dt.ALL}
 
 
 class Poison:
@@ -152,49 +155,66 @@ class Session:
 
     def _op(self, body, frame_segments, replies, segments) -> None:
         name, inputs, outputs, attrs = body
-        if not isinstance(outputs, tuple) or not isinstance(inputs, tuple) or not isinstance(attrs, dict):
+        if type(outputs) is not tuple or type(inputs) is not tuple or type(attrs) is not dict:
             raise ProtocolError("an op message is (name, inputs, outputs, attrs)")
         self.ops += 1
-        op = OPS.get(name) if isinstance(name, str) else None
+        op = OPS.get(name) if type(name) is str else None
         if op is None:
             self._poison(outputs, "ProtocolError", f"unknown op {name!r}")
             return
+        tensors, known = self.tensors, self.metas
         handles, metas = [], []
         for ref in inputs:
-            if isinstance(ref, Literal):
-                handles.append(ref.value)
-                metas.append(Meta((), ref.dtype))
+            if type(ref) is tuple:  # a literal: (value, dtype name)
+                value, dtype = ref
+                meta = _SCALAR_METAS.get(dtype)
+                if meta is None or not dt.is_python_scalar(value):
+                    raise ProtocolError(f"{name}: malformed literal input {ref!r:.60}")
+                handles.append(value)
+                metas.append(meta)
                 continue
-            value = self.tensors.get(ref) if isinstance(ref, int) else None
+            value = tensors.get(ref) if type(ref) is int else None
             if value is None:
                 self._poison(outputs, "ExecutionError", f"{name}: unknown tensor id {ref!r} (dropped, or from another session)")
                 return
-            if isinstance(value, Poison):  # the failure travels to everything that depends on it
+            if type(value) is Poison:  # the failure travels to everything that depends on it
                 for tid in outputs:
                     self._store(tid, value, None)
                 return
             handles.append(value)
-            metas.append(self.metas[ref])
+            metas.append(known[ref])
         try:
-            unknown = attrs.keys() - op.attrs.keys()
-            if unknown:
-                raise ProtocolError(f"{name}: unknown attribute {sorted(unknown)[0]!r}")
-            full = {k: attrs.get(k, default) for k, default in op.attrs.items()}
-            if any(v is REQUIRED for v in full.values()):
-                raise ProtocolError(f"{name}: a required attribute is missing")
-            full, out_metas = op.infer(tuple(metas), full)
+            if attrs or op.attrs:
+                attrs = self._full_attrs(op, attrs)
+            metas = tuple(metas)
+            attrs, out_metas = op.infer(metas, attrs)
             if len(out_metas) != len(outputs):
                 raise ProtocolError(f"{name}: {len(outputs)} output ids for {len(out_metas)} outputs")
+            limit = self.limits.max_tensor_bytes
             for meta in out_metas:
-                if None not in meta.shape and math.prod(meta.shape) * meta.dtype.itemsize > self.limits.max_tensor_bytes:
+                if None not in meta.shape and math.prod(meta.shape) * meta.dtype.itemsize > limit:
                     raise ProtocolError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
-                                        f"tensor limit of {self.limits.max_tensor_bytes} bytes")
-            values, out_metas = self.engine.execute(op, tuple(handles), tuple(metas), full, out_metas)
+                                        f"tensor limit of {limit} bytes")
+            values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
         except Exception as error:  # a peer never crashes on bad input: the outputs carry the error
             self._poison(outputs, _error_kind(error), str(error) if str(error).startswith(name) else f"{name}: {error}")
             return
         for tid, value, meta in zip(outputs, values, out_metas):
-            self._store(tid, value, meta)
+            if type(tid) is not int or tid < 0:
+                raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
+            tensors[tid] = value
+            known[tid] = meta
+
+    @staticmethod
+    def _full_attrs(op, attrs: dict) -> dict:
+        """The row's attributes in its order, defaults filled in; unknown or missing ones refused."""
+        unknown = attrs.keys() - op.attrs.keys()
+        if unknown:
+            raise ProtocolError(f"{op.name}: unknown attribute {sorted(unknown)[0]!r}")
+        full = {k: attrs.get(k, default) for k, default in op.attrs.items()}
+        if any(v is REQUIRED for v in full.values()):
+            raise ProtocolError(f"{op.name}: a required attribute is missing")
+        return full
 
     def _put(self, body, frame_segments, replies, segments) -> None:
         tid, index = body

@@ -36,6 +36,7 @@ class WebSocketConnection:
         self._frames: deque[Frame] = deque()
         self._parts: list[bytes] = []
         self._closed = False
+        self._peer_closed = False
 
     def set_limits(self, limits: Limits) -> None:
         self.reader.limits = limits
@@ -74,6 +75,8 @@ class WebSocketConnection:
 
     def receive(self) -> Frame:
         while not self._frames:
+            if self._peer_closed:
+                raise ConnectionLost("the peer closed the WebSocket")
             for event in self._pump():
                 if getattr(event, "opcode", None) in (Opcode.BINARY, Opcode.CONT):
                     self._parts.append(event.data)
@@ -83,7 +86,7 @@ class WebSocketConnection:
                 elif getattr(event, "opcode", None) == Opcode.TEXT:
                     raise ProtocolError("text WebSocket messages are not part of the ember protocol")
                 elif getattr(event, "opcode", None) == Opcode.CLOSE:
-                    raise ConnectionLost("the peer closed the WebSocket")
+                    self._peer_closed = True  # frames that came before the close are still delivered
         return self._frames.popleft()
 
     def close(self) -> None:

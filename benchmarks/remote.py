@@ -1,0 +1,73 @@
+"""The remote benchmark, on a loopback compute peer (``ember serve`` in a child process).
+
+(a) a 1000-op chain on 1,000 float32 elements, then one read — remote vs the local numpy device
+    (target ≤ 2×);
+(b) upload and download of a 256 MiB float32 tensor vs raw-socket throughput measured in the
+    same run against a raw-socket child process (target ≥ 0.8×), over TCP and WebSocket;
+(c) the latency of one small op and its read vs a raw TCP echo round trip.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ember as em
+from ember.remote.spawn import PeerProcess
+
+from .core import chain
+from .rawsocket import RawPeer
+from .timing import Report, Row, medians
+
+MIB = 1 << 20
+
+
+def run(quick: bool = False) -> Report:
+    """Measure (a), (b) and (c) against fresh child processes."""
+    report = Report("remote")
+    repeats = 5 if quick else 15
+    with PeerProcess() as peer:
+        tcp, ws = em.device(peer.url("ember")), em.device(peer.url("ws"))
+        local = em.device("numpy")
+        host = np.random.default_rng(0).random(1000, dtype=np.float32)
+        # devices compare by hardware (ws and tcp are one device), so key by name
+        xs = {name: em.asarray(host, device=d) for name, d in (("local", local), ("tcp", tcp), ("ws", ws))}
+        t = medians({name: (lambda x=x: em.asnumpy(chain(em, x, 1000))) for name, x in xs.items()}, repeats)
+        report.add(Row("(a) 1000-op chain + read, remote TCP", t["tcp"], "local", t["local"], "≤ 2.00x"))
+        report.add(Row("(a) 1000-op chain + read, remote WebSocket", t["ws"], "local", t["local"], "≤ 2.00x"))
+        trips = em.stats(tcp)["round_trips"]
+        em.asnumpy(chain(em, xs["tcp"], 1000))
+        report.notes.append(f"(a) round trips for the chain and its read: {em.stats(tcp)['round_trips'] - trips}")
+
+        size = (64 if quick else 256) * MIB
+        big = np.random.default_rng(1).random(size // 4, dtype=np.float32)
+        raw = RawPeer()
+        try:
+            remote_big = {}
+
+            def up(name, d):
+                remote_big[name] = em.asarray(big, device=d)
+                em.sync(d)
+
+            transfer_repeats = 3 if quick else 7
+            t = medians({"raw": lambda: raw.upload(big), "tcp": lambda: up("tcp", tcp), "ws": lambda: up("ws", ws)},
+                        transfer_repeats)
+            for name, d in (("TCP", "tcp"), ("WebSocket", "ws")):
+                report.add(Row(f"(b) upload {size // MIB} MiB, {name}", size / t[d], "raw", size / t["raw"], "≥ 0.80x",
+                               unit="B/s", higher_is_better=True))
+            t = medians({"raw": lambda: raw.download(size), "tcp": lambda: em.asnumpy(remote_big["tcp"]),
+                         "ws": lambda: em.asnumpy(remote_big["ws"])}, transfer_repeats)
+            for name, d in (("TCP", "tcp"), ("WebSocket", "ws")):
+                report.add(Row(f"(b) download {size // MIB} MiB, {name}", size / t[d], "raw", size / t["raw"], "≥ 0.80x",
+                               unit="B/s", higher_is_better=True))
+            remote_big.clear()
+
+            raw.start_echo(64)
+            one = {name: em.asarray(np.ones(4, np.float32), device=d) for name, d in (("tcp", tcp), ("ws", ws))}
+            latency_repeats = 200 if quick else 1000
+            t = medians({"raw": raw.echo, "tcp": lambda: em.asnumpy(one["tcp"] + 1), "ws": lambda: em.asnumpy(one["ws"] + 1)},
+                        latency_repeats, warmup=20)
+            report.add(Row("(c) one small op + read, TCP", t["tcp"], "raw echo", t["raw"]))
+            report.add(Row("(c) one small op + read, WebSocket", t["ws"], "raw echo", t["raw"]))
+        finally:
+            raw.close()
+    return report

@@ -1,0 +1,70 @@
+"""A compute peer in a child process (for the demo, the benchmarks and the tests).
+
+``PeerProcess()`` runs ``ember serve`` on 127.0.0.1 with a free port and stops it on exit —
+a context manager, so a Ctrl-C never leaves it behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+_LISTENING = re.compile(r"listening on (\S+:\d+)")
+
+
+class PeerProcess:
+    """An ``ember serve`` child process on 127.0.0.1; ``address`` is "127.0.0.1:PORT"."""
+
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 60):
+        command = [sys.executable, "-m", "ember.cli", "serve", "--listen", "127.0.0.1:0", *args]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env={**os.environ, **(env or {})})
+        self.address: str | None = None
+        self.output: list[str] = []
+        found = threading.Event()
+
+        def watch():
+            for line in self.process.stdout:
+                self.output.append(line)
+                match = _LISTENING.search(line)
+                if match and not found.is_set():
+                    self.address = match.group(1)
+                    found.set()
+            found.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        if not found.wait(timeout) or self.address is None:
+            self.stop()
+            raise RuntimeError(f"ember serve did not start: {''.join(self.output)}")
+
+    def url(self, scheme: str = "ember", index: int = 0, token: str | None = None) -> str:
+        """The device string of this peer's device ``index``."""
+        return f"{scheme}://{token + '@' if token else ''}{self.address}/{index}"
+
+    def kill(self) -> None:
+        """Kill the peer abruptly (SIGKILL), as a crash would."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        """Stop the peer (SIGTERM, then SIGKILL after 10 s) and reap it."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream:
+                stream.close()
+
+    def __enter__(self) -> PeerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
