@@ -39,6 +39,7 @@ from .namespace.statistical import *  # noqa: F403
 from .namespace.utility import *  # noqa: F403
 from .interop import asnumpy, stats, sync
 from .remote.server import Server, serve
+from .graphs import CapturedGraph, capture, jit, load_graph
 
 __version__ = "0.1.0"
 __array_api_version__ = "2024.12"

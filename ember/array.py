@@ -139,7 +139,10 @@ class Array:
         target = as_device(device)
         if target is self._device:
             return self
-        host = self._host()
+        try:
+            host = self._host()
+        except EmberError as error:
+            raise with_prefix(error, "to_device") from None
         handle = target.engine.upload(host)
         return Array._new(handle, self._meta, target)
 
@@ -233,6 +236,14 @@ def _common_device(op, first: Device, second: Device) -> Device:
     if first == second:
         # one hardware: a wrapper (autodiff) takes precedence over its inner device
         return first if first.inner() is not first else second
+    if "capture" in (first.inner().kind, second.inner().kind):
+        from .engines.capture import UndeclaredInputError
+        if first.inner().kind == second.inner().kind:
+            raise UndeclaredInputError(f"{op.name}: a tensor from another capture was used here; declare it with "
+                                       f"cap.input(...) or pass its value as a constant")
+        outside = second if first.inner().kind == "capture" else first
+        raise UndeclaredInputError(f"{op.name}: an array on {outside} met a captured one; a capture only sees its "
+                                   f"declared inputs (cap.input) and constants (em.asarray(value, device=cap.device))")
     raise DeviceError(f"{op.name}: arrays are on different devices, {first} and {second}; "
                       f"move one with x.to_device(...)")
 

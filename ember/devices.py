@@ -133,15 +133,15 @@ class CaptureDevice(Device):
         self.scope = scope
 
     def _make_engine(self):
-        from .capture import CaptureEngine
-        return CaptureEngine(self)
+        from .engines.capture import CaptureEngine
+        return CaptureEngine(self, self.scope)
 
     @property
     def hardware(self) -> tuple:
         return ("capture", id(self.scope) if self.scope is not None else 0)
 
     def __str__(self) -> str:
-        return "capture"
+        return "capture" if self.scope is None else f"capture[{id(self.scope):x}]"
 
 
 def _host_port(host: str, port: int) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import from_name
 from ..ops.table import Meta, Op
 
 
@@ -39,6 +40,30 @@ class Engine:
     def native(self, handle) -> Any:
         """The native array behind ``handle`` (for DLPack and ``__array__``); hosts it if remote."""
         return self.download(handle)
+
+    def run_graph(self, graph, inputs: list) -> list:
+        """Run a captured graph on input handles; returns the output handles.
+
+        The graph's metas are known, so this executes each record without re-inferring it;
+        engines that can do better (a peer registers the graph once) override it.
+        """
+        from ..ops import OPS
+        env = dict(graph.constant_handles(self))
+        env.update(zip((i for _, i, _ in graph.inputs), inputs))
+        metas = graph.metas
+        for op in graph.ops:
+            handles, in_metas = [], []
+            for ref in op.inputs:
+                if type(ref) is int:
+                    handles.append(env[ref])
+                    in_metas.append(metas[ref])
+                else:
+                    handles.append(ref[0])
+                    in_metas.append(Meta((), from_name(ref[1])))
+            outs, _ = self.execute(OPS[op.name], tuple(handles), tuple(in_metas), op.attrs,
+                                   tuple(metas[i] for i in op.outputs))
+            env.update(zip(op.outputs, outs))
+        return [env[i] for _, i in graph.outputs]
 
     def sync(self) -> None:
         """Wait until every submitted op has run; raise the first deferred error."""

@@ -3,6 +3,8 @@ extension. Matrix functions take stacks of matrices in the last two axes."""
 
 from __future__ import annotations
 
+import math
+
 from .. import dtypes as dt
 from ..errors import ArgumentError, AxisError, ShapeError
 from .table import (REQUIRED, Meta, Op, as_int, broadcast_shapes, define, fmt_shape, normalize_axes, normalize_axis,
@@ -41,7 +43,7 @@ def _misaligned(g):
     return (g.array((3, 4), dtype), g.array((5, 2), dtype)), {}, ShapeError
 
 
-define(Op("matmul", ("x1", "x2"), {}, _matmul_meta, promote_inputs=True, family="linear algebra", examples=_matmul_examples,
+define(Op("matmul", ("x1", "x2"), {}, _matmul_meta, promote_inputs=True, flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * ins[0].shape[-1], family="linear algebra", examples=_matmul_examples,
           bad_examples=_misaligned, doc="Matrix product with NumPy's rules for 1-d operands and batches."))
 
 
@@ -78,7 +80,8 @@ def _tensordot_examples(g):
     return (g.array(g.shape(max_dims=2) + shared, dtype, low=-5, high=5), g.array(shared + g.shape(max_dims=2), dtype, low=-5, high=5)), {"axes": len(shared)}
 
 
-define(Op("tensordot", ("x1", "x2"), {"axes": 2}, _tensordot_meta, _tensordot_canon, promote_inputs=True, family="linear algebra",
+define(Op("tensordot", ("x1", "x2"), {"axes": 2}, _tensordot_meta, _tensordot_canon, promote_inputs=True,
+          flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * math.prod(ins[0].shape[a] for a in attrs["axes"][0]), family="linear algebra",
           examples=_tensordot_examples, bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((4, 2), dt.float64)), {"axes": 1}, ShapeError),
           doc="Sum of products over the given axes."))
 
@@ -102,7 +105,8 @@ def _vecdot_examples(g):
     return (g.array(shape, dtype, low=-5, high=5), g.array(g.broadcastable(shape[:-1]) + shape[-1:], dtype, low=-5, high=5)), {"axis": -1}
 
 
-define(Op("vecdot", ("x1", "x2"), {"axis": -1}, _vecdot_meta, promote_inputs=True, family="linear algebra", examples=_vecdot_examples,
+define(Op("vecdot", ("x1", "x2"), {"axis": -1}, _vecdot_meta, promote_inputs=True,
+          flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * ins[0].shape[attrs["axis"]], family="linear algebra", examples=_vecdot_examples,
           bad_examples=lambda g: ((g.array((3,), dt.float64), g.array((4,), dt.float64)), {"axis": -1}, ShapeError),
           doc="Dot product of vectors along axis (conjugating x1)."))
 

@@ -74,6 +74,7 @@ class Op:
     examples: Callable | None = None
     bad_examples: Callable | None = None
     determined: tuple | None = None  # outputs fixed by the inputs (None: all); not e.g. eigenvector signs
+    flops: Callable | None = None  # (input metas, output metas, attrs) -> a rough count, for graph summaries
     grad: Any = None
     doc: str = ""
     _cache: dict = field(default_factory=dict, repr=False)

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 
 import numpy as np
@@ -60,9 +61,13 @@ class RemoteEngine(Engine):
         self._pending: list = []
         self._segments: list = []
         self._drops: deque = deque()
+        self._drops_graph: deque = deque()
+        self._graph_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._gids = itertools.count(1)
         self._first_pending = 0.0
         self._lock = threading.RLock()
-        self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0}
+        self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
+                         "graphs_registered": 0, "graph_runs": 0}
 
     # -- the engine interface --
     def execute(self, op, inputs, in_metas, attrs, metas):
@@ -94,6 +99,38 @@ class RemoteEngine(Engine):
         elif len(pending) >= BATCH_OPS or now - self._first_pending > BATCH_SECONDS:
             self.flush()
         return outs, metas
+
+    def run_graph(self, graph, inputs: list) -> list:
+        """Run a captured graph on the peer: registered once per session, then each call sends
+        only the graph's number and tensor ids (Burn's RegisterAndExecuteGraph/ExecuteGraph)."""
+        if self.lost is not None:
+            raise self.lost
+        for handle in inputs:
+            if handle.engine is not self:
+                raise ConnectionLost(f"replay: an input lives in a lost session with {self.device}; its data is gone")
+        with self._lock:
+            gid = self._graph_ids.get(graph)
+            if gid is None:
+                gid = next(self._gids)
+                first = len(self._segments)
+                constant_ids = list(graph.constants)
+                self._segments.extend(graph.constants[i] for i in constant_ids)
+                self._pending.append(("graph", gid,
+                                      tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs),
+                                      tuple(i for _, i in graph.outputs),
+                                      tuple((op.name, op.inputs, op.outputs, op.attrs) for op in graph.ops),
+                                      tuple((i, first + k) for k, i in enumerate(constant_ids))))
+                self._graph_ids[graph] = gid
+                weakref.finalize(graph, self._drops_graph.append, gid)
+                self.counters["graphs_registered"] += 1
+            outs = [RemoteHandle(self, next(self._ids)) for _ in graph.outputs]
+            if not self._pending:
+                self._first_pending = _clock()
+            self._pending.append(("run", gid, tuple(h.id for h in inputs), tuple(o.id for o in outs)))
+            self.counters["graph_runs"] += 1
+            if len(self._pending) >= BATCH_OPS or _clock() - self._first_pending > BATCH_SECONDS:
+                self.flush()
+        return outs
 
     def upload(self, host: np.ndarray, copy=None) -> RemoteHandle:
         if self.lost is not None:
@@ -155,6 +192,8 @@ class RemoteEngine(Engine):
             except IndexError:
                 pass
             self._pending.append(("drop", tuple(ids)))
+        while self._drops_graph:
+            self._pending.append(("forget", self._drops_graph.popleft()))
 
     def flush(self) -> None:
         """Send every pending message now."""

@@ -101,6 +101,7 @@ class Session:
         self.tensors: dict[int, object] = {}   # id -> native array or Poison
         self.metas: dict[int, Meta] = {}
         self.unreported: list[Poison] = []      # failures since the last sync
+        self.graphs: dict[int, tuple] = {}      # registered graphs, by number
         self.ops = 0
 
     # -- bookkeeping --
@@ -110,6 +111,7 @@ class Session:
     def close(self) -> None:
         self.tensors.clear()
         self.metas.clear()
+        self.graphs.clear()
 
     def _store(self, tid, value, meta: Meta | None) -> None:
         if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
@@ -190,11 +192,7 @@ class Session:
             attrs, out_metas = op.infer(metas, attrs)
             if len(out_metas) != len(outputs):
                 raise ProtocolError(f"{name}: {len(outputs)} output ids for {len(out_metas)} outputs")
-            limit = self.limits.max_tensor_bytes
-            for meta in out_metas:
-                if None not in meta.shape and math.prod(meta.shape) * meta.dtype.itemsize > limit:
-                    raise ProtocolError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
-                                        f"tensor limit of {limit} bytes")
+            self._check_size(name, out_metas)
             values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
         except Exception as error:  # a peer never crashes on bad input: the outputs carry the error
             self._poison(outputs, _error_kind(error), str(error) if str(error).startswith(name) else f"{name}: {error}")
@@ -270,7 +268,100 @@ class Session:
             stats.update(self.registry.stats())
         replies.append(("stats", rid, stats))
 
-    _HANDLERS = {"op": _op, "put": _put, "get": _get, "shape": _shape, "sync": _sync, "drop": _drop, "stats": _stats}
+    # -- graphs: registered once, then run by number --
+    def _graph(self, body, frame_segments, replies, segments) -> None:
+        gid, inputs, outputs, ops, constants = body
+        known = {tid: Meta(tuple(shape), dtype) for tid, dtype, shape in inputs}
+        values = {}
+        for tid, index in constants:
+            host = frame_segments[index]
+            from ..backends.numpy import EMBER
+            values[tid] = self.engine.upload(host)
+            known[tid] = Meta(tuple(host.shape), EMBER[host.dtype])
+        plan, error = [], None
+        try:  # validate the whole graph once: every row's meta rule, every size limit
+            for name, refs, outs, attrs in ops:
+                op = OPS.get(name) if type(name) is str else None
+                if op is None:
+                    raise ProtocolError(f"unknown op {name!r}")
+                in_metas = tuple(known[r] if type(r) is int else _SCALAR_METAS[r[1]] for r in refs)
+                full, out_metas = op.infer(in_metas, self._full_attrs(op, attrs))
+                if len(out_metas) != len(outs):
+                    raise ProtocolError(f"{name}: {len(outs)} output ids for {len(out_metas)} outputs")
+                self._check_size(name, out_metas)
+                plan.append((op, tuple(r if type(r) is int else r[0] for r in refs), tuple(type(r) is int for r in refs),
+                             tuple(outs), full, in_metas, out_metas))
+                known.update(zip(outs, out_metas))
+            missing = [o for o in outputs if o not in known]
+            if missing:
+                raise ProtocolError(f"graph output {missing[0]} is not produced by the graph")
+        except Exception as failure:
+            error = Poison(_error_kind(failure), f"graph: {failure}")
+        self.graphs[gid] = (tuple((tid, known[tid]) for tid, _, _ in inputs), tuple(outputs), plan, values, error)
+
+    def _run(self, body, frame_segments, replies, segments) -> None:
+        gid, input_ids, output_ids = body
+        graph = self.graphs.get(gid)
+        if graph is None:
+            self._poison(output_ids, "ExecutionError", f"run: unknown graph {gid!r}")
+            return
+        inputs, outputs, plan, constants, error = graph
+        if error is not None:
+            for tid in output_ids:
+                self._store(tid, error, None)
+            self.unreported.append(error)
+            return
+        env = dict(constants)
+        for (node, meta), tid in zip(inputs, input_ids):
+            value = self.tensors.get(tid)
+            if value is None or type(value) is Poison:
+                failure = value or Poison("ExecutionError", f"run: unknown tensor id {tid!r}")
+                for out in output_ids:
+                    self._store(out, failure, None)
+                return
+            if self.metas[tid] != meta:
+                self._poison(output_ids, "ShapeError", f"run: input {node} expects {meta.shape} {meta.dtype}, "
+                                                        f"got {self.metas[tid].shape} {self.metas[tid].dtype}")
+                return
+            env[node] = value
+        execute = self.engine.execute
+        for op, refs, is_node, outs, attrs, in_metas, out_metas in plan:
+            handles = tuple(env[r] if node else r for r, node in zip(refs, is_node))
+            try:
+                values, _ = execute(op, handles, in_metas, attrs, out_metas)
+            except Exception as failure:
+                self._poison(output_ids, _error_kind(failure), str(failure))
+                return
+            env.update(zip(outs, values))
+        self.ops += len(plan)
+        for tid, node in zip(output_ids, outputs):
+            self._store(tid, env[node], self._graph_meta(plan, inputs, constants, node))
+
+    @staticmethod
+    def _graph_meta(plan, inputs, constants, node) -> Meta:
+        for _, _, _, outs, _, _, out_metas in plan:
+            if node in outs:
+                return out_metas[outs.index(node)]
+        for tid, meta in inputs:
+            if tid == node:
+                return meta
+        from ..backends.numpy import EMBER
+        value = constants[node]
+        return Meta(tuple(value.shape), EMBER[value.dtype])
+
+    def _forget(self, body, frame_segments, replies, segments) -> None:
+        (gid,) = body
+        self.graphs.pop(gid, None)
+
+    def _check_size(self, name, out_metas) -> None:
+        limit = self.limits.max_tensor_bytes
+        for meta in out_metas:
+            if None not in meta.shape and math.prod(meta.shape) * meta.dtype.itemsize > limit:
+                raise ProtocolError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
+                                    f"tensor limit of {limit} bytes")
+
+    _HANDLERS = {"op": _op, "put": _put, "get": _get, "shape": _shape, "sync": _sync, "drop": _drop, "stats": _stats,
+                 "graph": _graph, "run": _run, "forget": _forget}
 
 
 class Registry:
