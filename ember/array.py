@@ -175,6 +175,39 @@ class Array:
     def __setitem__(self, key, value) -> None:
         self._rebind(_indexing.setitem(self, key, value), "__setitem__")
 
+    # --- autodiff (on arrays of an em.autodiff(...) device) -------------------------------------
+
+    def requires_grad_(self, requires_grad: bool = True) -> Array:
+        """Track gradients with respect to this array (it must be on an autodiff device)."""
+        from .autodiff import requires_grad_
+        return requires_grad_(self, requires_grad)
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether gradients flow to this array."""
+        return bool(getattr(self._handle, "requires_grad", False))
+
+    def backward(self, gradient: Array | None = None) -> None:
+        """Accumulate this (scalar) array's gradient into every leaf's ``.grad``."""
+        from .autodiff import backward
+        backward(self, gradient)
+
+    @property
+    def grad(self) -> Array | None:
+        """The gradient accumulated by ``backward`` (None before)."""
+        from .autodiff import get_grad
+        return get_grad(self)
+
+    @grad.setter
+    def grad(self, value) -> None:
+        from .autodiff import set_grad
+        set_grad(self, value)
+
+    def detach(self) -> Array:
+        """This array's value, cut from the gradient tape."""
+        from .autodiff import detach
+        return detach(self)
+
     def _rebind(self, result: Array, what: str) -> None:
         """Make this array hold ``result`` (in-place operators and item assignment)."""
         if result._meta.dtype is not self._meta.dtype:
@@ -183,7 +216,12 @@ class Array:
         if result._meta.shape != self._meta.shape:
             raise ShapeError(f"{what}: the result shape {fmt_shape(result.shape)} differs from the array's "
                              f"{fmt_shape(self.shape)}; in-place operations keep the shape")
-        self._handle = result._handle
+        handle = result._handle
+        if result._device is not self._device:
+            if result._device.inner() is not self._device:
+                raise DeviceError(f"{what}: the result is on {result.device}, not on the array's {self.device}")
+            handle = handle.handle  # a tracked result written into an untracked array: its value only
+        self._handle = self._device.engine.rebind(self._handle, handle)
 
 
 # --- bind: namespace → engine --------------------------------------------------------------------

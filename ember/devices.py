@@ -53,7 +53,7 @@ class Device:
         return self
 
     def autodiff(self) -> Device:
-        """This device with gradient tracking."""
+        """This device with gradient tracking (``em.autodiff(self)``)."""
         from .autodiff import autodiff
         return autodiff(self)
 
@@ -142,6 +142,32 @@ class CaptureDevice(Device):
 
     def __str__(self) -> str:
         return "capture" if self.scope is None else f"capture[{id(self.scope):x}]"
+
+
+class AutodiffDevice(Device):
+    """Gradient tracking on top of another device; ``inner()`` is that device, and the two
+    compare equal (one hardware)."""
+
+    __slots__ = ("_inner",)
+    kind = "autodiff"
+
+    def __init__(self, inner: Device):
+        super().__init__()
+        self._inner = inner
+
+    def _make_engine(self):
+        from .engines.autodiff import AutodiffEngine
+        return AutodiffEngine(self, self._inner)
+
+    @property
+    def hardware(self) -> tuple:
+        return self._inner.hardware
+
+    def inner(self) -> Device:
+        return self._inner
+
+    def __str__(self) -> str:
+        return f"autodiff({self._inner})"
 
 
 def _host_port(host: str, port: int) -> str:

@@ -26,6 +26,7 @@ from .engines.capture import DataDependentError, Node, NoValueError, ScopeClosed
 from .errors import CaptureError, DTypeError, EmberError, NotSupportedError, ProtocolError, ShapeError
 from .ops import OPS
 from .ops.table import Meta, fmt_shape
+from .trees import flatten, unflatten
 
 GRAPH_FORMAT_VERSION = 1
 
@@ -454,41 +455,6 @@ def _extract(inputs, outputs) -> CapturedGraph:
 
 # --- jit ---------------------------------------------------------------------------------------------
 
-class _Static:
-    """A non-array leaf of a jitted function's arguments or results, kept by value."""
-
-    def __init__(self, value):
-        self.value = value
-
-
-def _flatten(tree, leaves: list):
-    """The structure of ``tree`` with arrays replaced by their index in ``leaves``."""
-    if isinstance(tree, Array):
-        leaves.append(tree)
-        return ("array", len(leaves) - 1)
-    if isinstance(tree, (list, tuple)):
-        return (type(tree).__name__, tuple(_flatten(t, leaves) for t in tree))
-    if isinstance(tree, dict):
-        return ("dict", tuple((k, _flatten(v, leaves)) for k, v in sorted(tree.items(), key=lambda kv: repr(kv[0]))))
-    try:
-        hash(tree)
-    except TypeError:
-        raise TypeError(f"jit: arguments must be arrays, or containers of them, or hashable values; got {type(tree).__name__}") from None
-    return ("static", tree)
-
-
-def _unflatten(structure, leaves):
-    kind, body = structure
-    if kind == "array":
-        return leaves[body]
-    if kind in ("list", "tuple"):
-        items = [_unflatten(s, leaves) for s in body]
-        return items if kind == "list" else tuple(items)
-    if kind == "dict":
-        return {k: _unflatten(s, leaves) for k, s in body}
-    return body
-
-
 class Jitted:
     """A function captured once per (argument structure, shapes, dtypes, device) and replayed."""
 
@@ -501,7 +467,7 @@ class Jitted:
 
     def __call__(self, *args, **kwargs):
         leaves: list = []
-        structure = _flatten((args, kwargs), leaves)
+        structure = flatten((args, kwargs), leaves)
         if not leaves:
             return self.function(*args, **kwargs)
         devices = {leaf.device for leaf in leaves}
@@ -515,12 +481,12 @@ class Jitted:
         graph, out_structure = entry
         results = graph(*leaves, device=device) if graph.outputs else ()
         results = results if isinstance(results, tuple) else (results,)
-        return _unflatten(out_structure, results)
+        return unflatten(out_structure, results)
 
     def _capture(self, structure, leaves):
         with capture() as cap:
             tracers = [cap.input(leaf.shape, leaf.dtype, name=f"arg{i}") for i, leaf in enumerate(leaves)]
-            args, kwargs = _unflatten(structure, tracers)
+            args, kwargs = unflatten(structure, tracers)
             try:
                 result = self.function(*args, **kwargs)
             except NoValueError as error:
@@ -528,7 +494,7 @@ class Jitted:
                                         f"(Python `if`/`while`/`float()` on an array): {error}. Use em.where for "
                                         f"data-dependent choices, or pass the value as a non-array argument") from None
             out_leaves: list = []
-            out_structure = _flatten(result, out_leaves)
+            out_structure = flatten(result, out_leaves)
             for i, leaf in enumerate(out_leaves):
                 if type(leaf._handle) is Node and leaf._handle.scope is cap:
                     cap.output(leaf, name=f"out{i}")

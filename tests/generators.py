@@ -13,9 +13,10 @@ from ember.backends.numpy import EMBER, NATIVE
 class Drawer:
     """Draws shapes, dtypes and host arrays for one example, limited to ``dtypes``."""
 
-    def __init__(self, data, dtypes=dt.ALL):
+    def __init__(self, data, dtypes=dt.ALL, distinct: bool = False):
         self.data = data
         self.dtypes = tuple(dtypes)
+        self.distinct = distinct  # floating arrays without repeated values (no ties for gradients)
 
     def draw(self, strategy):
         return self.data.draw(strategy)
@@ -68,5 +69,9 @@ class Drawer:
             real = st.floats(lo, hi, width=width, allow_subnormal=False)
             if nonzero:
                 real = real.filter(lambda v: abs(v) > 1e-3)
+            if self.distinct:  # for gradients: no ties, and no kinks of abs/sign/copysign within a step
+                real = real.filter(lambda v: abs(v) > 1e-2)
             elements = real if dtype.kind == dt.REAL else st.builds(complex, real, real)
+            if self.distinct:
+                return self.draw(hnp.arrays(native, shape, elements=elements, unique=True))
         return self.draw(hnp.arrays(native, shape, elements=elements))

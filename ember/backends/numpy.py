@@ -45,6 +45,12 @@ def _tanh(x):
     return out
 
 
+def _scatter_add(x, indices, values):
+    out = x.copy()
+    np.add.at(out, indices, values)
+    return out
+
+
 def _sort(x, axis, descending, stable):
     return compat.sort(x, axis=axis, descending=descending, stable=stable)
 
@@ -133,6 +139,7 @@ KERNELS = {
     "setitem": _setitem,
     "take": lambda x, indices, axis: np.take(x, indices, axis=axis),
     "take_along_axis": lambda x, indices, axis: np.take_along_axis(x, indices, axis),
+    "scatter_add": _scatter_add,
     # linear algebra
     "matmul": np.matmul, "tensordot": lambda x1, x2, axes: np.tensordot(x1, x2, axes),
     "vecdot": lambda x1, x2, axis: np.vecdot(x1, x2, axis=axis),

@@ -331,6 +331,7 @@ KERNELS = {
     "unstack": lambda x, axis: torch.unbind(x, axis),
     # indexing
     "getitem": _getitem, "setitem": _setitem, "take": _take, "take_along_axis": _take_along_axis,
+    "scatter_add": lambda x, indices, values: x.index_add(0, indices, values),
     # linear algebra
     "matmul": torch.matmul,
     "tensordot": lambda x1, x2, axes: torch.tensordot(x1, x2, dims=(list(axes[0]), list(axes[1]))),

@@ -65,6 +65,10 @@ class Engine:
             env.update(zip(op.outputs, outs))
         return [env[i] for _, i in graph.outputs]
 
+    def rebind(self, old, new):
+        """The handle an array holds after an in-place update from ``old`` to ``new``."""
+        return new
+
     def sync(self) -> None:
         """Wait until every submitted op has run; raise the first deferred error."""
 

@@ -12,8 +12,9 @@ from ._generate import from_row
 
 take = from_row("take")
 take_along_axis = from_row("take_along_axis")
+scatter_add = from_row("scatter_add")  # not in the standard: the adjoint of gathers, used by gradients
 
-__all__ = ["take", "take_along_axis"]
+__all__ = ["take", "take_along_axis", "scatter_add"]
 
 _GETITEM, _SETITEM = OPS["getitem"], OPS["setitem"]
 

@@ -112,3 +112,7 @@ define(Op("linspace", (), {"start": REQUIRED, "stop": REQUIRED, "num": REQUIRED,
           examples=lambda g: ((), {"start": g.integer(-5, 5), "stop": g.integer(-5, 5), "num": g.integer(0, 6), "dtype": g.dtype("floating"), "endpoint": g.flag()}),
           bad_examples=lambda g: ((), {"start": 0, "stop": 1, "num": -1, "dtype": None, "endpoint": True}, ArgumentError),
           doc="num evenly spaced values from start to stop."))
+
+from .gradients import no_gradient  # noqa: E402
+
+no_gradient("arange", "full", "empty", "eye", "linspace")  # no array inputs

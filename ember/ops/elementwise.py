@@ -124,3 +124,102 @@ def _triangle_examples(g):
 for _name in ("tril", "triu"):
     define(Op(_name, ("x",), {"k": 0}, _triangle_meta, family="creation", examples=_triangle_examples,
               doc=f"{'Lower' if _name == 'tril' else 'Upper'} triangle of the last two axes, from diagonal k."))
+
+
+# --- gradient rules (real inputs; first order) ------------------------------------------------------
+
+from .gradients import defgrad, no_gradient, unbroadcast  # noqa: E402
+
+_LN2, _LN10 = 0.6931471805599453, 2.302585092994046
+
+
+def _unary(rule):
+    """A rule from the derivative: ``rule(xp, g, out, x) -> cotangent of x``."""
+    return lambda xp, g, out, x: (rule(xp, g, out, x),)
+
+
+for _name, _rule in {
+    "sin": lambda xp, g, out, x: g * xp.cos(x),
+    "cos": lambda xp, g, out, x: -g * xp.sin(x),
+    "tan": lambda xp, g, out, x: g * (1 + out * out),
+    "asin": lambda xp, g, out, x: g / xp.sqrt(1 - x * x),
+    "acos": lambda xp, g, out, x: -g / xp.sqrt(1 - x * x),
+    "atan": lambda xp, g, out, x: g / (1 + x * x),
+    "sinh": lambda xp, g, out, x: g * xp.cosh(x),
+    "cosh": lambda xp, g, out, x: g * xp.sinh(x),
+    "tanh": lambda xp, g, out, x: g * (1 - out * out),
+    "asinh": lambda xp, g, out, x: g / xp.sqrt(x * x + 1),
+    "acosh": lambda xp, g, out, x: g / xp.sqrt(x * x - 1),
+    "atanh": lambda xp, g, out, x: g / (1 - x * x),
+    "exp": lambda xp, g, out, x: g * out,
+    "expm1": lambda xp, g, out, x: g * (out + 1),
+    "log": lambda xp, g, out, x: g / x,
+    "log1p": lambda xp, g, out, x: g / (1 + x),
+    "log2": lambda xp, g, out, x: g / (x * _LN2),
+    "log10": lambda xp, g, out, x: g / (x * _LN10),
+    "sqrt": lambda xp, g, out, x: g / (2 * out),
+    "square": lambda xp, g, out, x: 2 * g * x,
+    "reciprocal": lambda xp, g, out, x: -g * out * out,
+    "abs": lambda xp, g, out, x: g * xp.sign(x),
+    "negative": lambda xp, g, out, x: -g,
+    "positive": lambda xp, g, out, x: g,
+    "conj": lambda xp, g, out, x: xp.conj(g),
+    "real": lambda xp, g, out, x: g,
+    # piecewise constant: zero almost everywhere
+    "sign": lambda xp, g, out, x: xp.zeros_like(g),
+    "ceil": lambda xp, g, out, x: xp.zeros_like(g),
+    "floor": lambda xp, g, out, x: xp.zeros_like(g),
+    "trunc": lambda xp, g, out, x: xp.zeros_like(g),
+    "round": lambda xp, g, out, x: xp.zeros_like(g),
+}.items():
+    defgrad(_name, _unary(_rule))
+
+
+def _pow_exponent_grad(xp, g, out, x1):
+    """d x1**x2 / d x2 = x1**x2 · log x1, taken as 0 where x1 ≤ 0 (0**x2 is flat in x2)."""
+    positive = x1 > 0
+    return g * xp.where(positive, out * xp.log(xp.where(positive, x1, 1.0)), 0.0)
+
+
+def _binary(rule):
+    """A rule from both partial derivatives; each cotangent is summed back to its input's shape
+    (literal inputs get none)."""
+    def grad(xp, g, out, x1, x2):
+        g1, g2 = rule(xp, g, out, x1, x2)
+        return tuple(None if gi is None or not hasattr(xi, "shape") else unbroadcast(xp, gi, xi.shape)
+                     for gi, xi in ((g1, x1), (g2, x2)))
+    return grad
+
+
+for _name, _rule in {
+    "add": lambda xp, g, out, x1, x2: (g, g),
+    "subtract": lambda xp, g, out, x1, x2: (g, -g),
+    "multiply": lambda xp, g, out, x1, x2: (g * x2, g * x1),
+    "divide": lambda xp, g, out, x1, x2: (g / x2, -g * out / x2),
+    "pow": lambda xp, g, out, x1, x2: (g * x2 * xp.pow(x1, x2 - 1), _pow_exponent_grad(xp, g, out, x1) if hasattr(x2, "shape") else None),
+    "maximum": lambda xp, g, out, x1, x2: (xp.where(x1 >= x2, g, 0.0), xp.where(x1 >= x2, 0.0, g)),
+    "minimum": lambda xp, g, out, x1, x2: (xp.where(x1 <= x2, g, 0.0), xp.where(x1 <= x2, 0.0, g)),
+    "atan2": lambda xp, g, out, x1, x2: (g * x2 / (x1 * x1 + x2 * x2), -g * x1 / (x1 * x1 + x2 * x2)),
+    "hypot": lambda xp, g, out, x1, x2: (g * x1 / out, g * x2 / out),
+    "logaddexp": lambda xp, g, out, x1, x2: (g * xp.exp(x1 - out), g * xp.exp(x2 - out)),
+    "copysign": lambda xp, g, out, x1, x2: (g * xp.sign(x1) * xp.sign(out), None),
+    "remainder": lambda xp, g, out, x1, x2: (g, -g * xp.floor_divide(x1, x2)),
+    "floor_divide": lambda xp, g, out, x1, x2: (xp.zeros_like(g), xp.zeros_like(g)),
+    "nextafter": lambda xp, g, out, x1, x2: (g, None),
+}.items():
+    defgrad(_name, _binary(_rule))
+
+
+def _where_grad(xp, g, out, condition, x1, x2):
+    return (None,
+            None if not hasattr(x1, "shape") else unbroadcast(xp, xp.where(condition, g, 0.0), x1.shape),
+            None if not hasattr(x2, "shape") else unbroadcast(xp, xp.where(condition, 0.0, g), x2.shape))
+
+
+defgrad("where", _where_grad)
+defgrad("tril", lambda xp, g, out, x, k: (xp.tril(g, k=k),))
+defgrad("triu", lambda xp, g, out, x, k: (xp.triu(g, k=k),))
+defgrad("imag", lambda xp, g, out, x: (xp.zeros_like(x),))
+no_gradient("bitwise_invert", "isfinite", "isinf", "isnan", "logical_not", "signbit", "equal", "not_equal", "greater",
+            "greater_equal", "less", "less_equal", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
+            "bitwise_right_shift", "logical_and", "logical_or", "logical_xor")

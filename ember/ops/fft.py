@@ -119,3 +119,11 @@ for _name in ("fftshift", "ifftshift"):
               lambda x, axes: {"axes": tuple(range(x.ndim)) if axes is None else tuple(normalize_axis(a, x.ndim) for a in ((axes,) if isinstance(axes, int) else axes))},
               family="fft", examples=lambda g: ((g.array(g.shape(), g.dtype("floating")),), {"axes": None}),
               doc=f"{'Shift' if _name == 'fftshift' else 'Undo the shift of'} the zero frequency to the centre."))
+
+from .gradients import NotDifferentiable, defgrad, no_gradient  # noqa: E402
+
+for _name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fftn", "ifftn", "rfftn", "irfftn"):
+    defgrad(_name, NotDifferentiable(f"{_name}: complex gradients are not supported yet"))
+defgrad("fftshift", lambda xp, g, out, x, axes: (xp.fft.ifftshift(g, axes=axes),))
+defgrad("ifftshift", lambda xp, g, out, x, axes: (xp.fft.fftshift(g, axes=axes),))
+no_gradient("fftfreq", "rfftfreq")

@@ -202,3 +202,52 @@ define(Op("take_along_axis", ("x", "indices"), {"axis": -1}, _take_along_meta, f
           examples=_take_along_examples,
           bad_examples=lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": -1}, ShapeError),
           doc="Elements of x at indices matched along axis."))
+
+
+def _scatter_add_meta(x, indices, values):
+    if x.ndim != 1 or indices.ndim != 1 or values.shape != indices.shape:
+        raise ShapeError(f"x and indices must be 1-d and values shaped like indices, got {fmt_shape(x.shape)}, "
+                         f"{fmt_shape(indices.shape)} and {fmt_shape(values.shape)}")
+    require(indices.dtype, "integral", "indices")
+    if values.dtype is not x.dtype:
+        raise DTypeError(f"values dtype {values.dtype} differs from x's {x.dtype}")
+    return Meta(x.shape, x.dtype)
+
+
+def _scatter_add_examples(g):
+    n, k = g.integer(1, 6), g.integer(0, 8)
+    dtype = g.dtype("numeric")
+    return (g.array((n,), dtype), g.array((k,), dt.int64, low=0, high=n - 1), g.array((k,), dtype)), {}
+
+
+define(Op("scatter_add", ("x", "indices", "values"), {}, _scatter_add_meta, family="indexing",
+          examples=_scatter_add_examples,
+          bad_examples=lambda g: ((g.array((3,), dt.float64), g.array((2,), dt.int64, low=0, high=2), g.array((3,), dt.float64)), {}, ShapeError),
+          doc="A copy of the 1-d x with values added at indices (repeated indices accumulate); not in the "
+              "standard — the adjoint of gathers."))
+
+
+# --- gradient rules ------------------------------------------------------------------------------------
+
+from .gradients import defgrad, scatter_back, unbroadcast  # noqa: E402
+
+
+def _getitem_grad(xp, g, out, x, *indices, key):
+    native = decode_key(key, indices)
+    return (scatter_back(xp, g, x, lambda positions: positions[native]),) + (None,) * len(indices)
+
+
+def _setitem_grad(xp, g, out, x, value, *indices, key):
+    native = decode_key(key, indices)
+    gx = xp.asarray(g, copy=True)
+    gx[native] = 0.0  # what was overwritten gets no gradient
+    gv = unbroadcast(xp, g[native], value.shape) if hasattr(value, "shape") else None
+    return (gx, gv) + (None,) * len(indices)
+
+
+defgrad("getitem", _getitem_grad)
+defgrad("setitem", _setitem_grad)
+defgrad("take", lambda xp, g, out, x, indices, axis: (scatter_back(xp, g, x, lambda p: xp.take(p, indices, axis=axis)), None))
+defgrad("take_along_axis", lambda xp, g, out, x, indices, axis: (
+    scatter_back(xp, g, x, lambda p: xp.take_along_axis(p, indices, axis=axis)), None))
+defgrad("scatter_add", lambda xp, g, out, x, indices, values: (g, None, xp.take(g, indices, axis=0)))

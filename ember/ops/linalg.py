@@ -132,8 +132,10 @@ def _not_square(g):
     return (g.array((2, 3), g.dtype("real floating")),), {}, ShapeError
 
 
-def _matrix_op(name, meta, *, attrs=None, square=True, multiple=False, canon=None, examples=None, determined=None, doc=""):
+def _matrix_op(name, meta, *, attrs=None, square=True, multiple=False, canon=None, examples=None, determined=None,
+               symmetric_input=False, doc=""):
     define(Op(name, ("x",), attrs or {}, meta, canon, family="linalg", multiple=multiple, lift="floating", determined=determined,
+              symmetric_input=symmetric_input,
               examples=examples or _matrices(square=square), bad_examples=_not_square if square else None, doc=doc))
 
 
@@ -162,15 +164,16 @@ def _symmetric(g):
     return (a + np.swapaxes(a, -1, -2),), {}
 
 
-_matrix_op("cholesky", lambda x, upper: _same_square(x), attrs={"upper": False}, examples=_positive_definite,
+_matrix_op("cholesky", lambda x, upper: _same_square(x), attrs={"upper": False}, examples=_positive_definite, symmetric_input=True,
            doc="Cholesky factor of a Hermitian positive-definite matrix.")
 _matrix_op("inv", _same_square, examples=_well_conditioned, doc="Matrix inverse.")
 _matrix_op("det", lambda x: (_square(x), Meta(x.shape[:-2], x.dtype))[1], doc="Determinant.")
 _matrix_op("slogdet", lambda x: (_square(x), (Meta(x.shape[:-2], x.dtype), Meta(x.shape[:-2], dt.real_of(x.dtype))))[1],
            multiple=True, examples=_well_conditioned, doc="Sign and log of the absolute determinant.")
 _matrix_op("eigh", lambda x: (_square(x), (Meta(x.shape[:-1], dt.real_of(x.dtype)), Meta(x.shape, x.dtype)))[1],
-           multiple=True, examples=_symmetric, determined=(0,), doc="Eigenvalues and eigenvectors of a Hermitian matrix.")
-_matrix_op("eigvalsh", lambda x: (_square(x), Meta(x.shape[:-1], dt.real_of(x.dtype)))[1], examples=_symmetric,
+           multiple=True, examples=_symmetric, determined=(0,), symmetric_input=True,
+           doc="Eigenvalues and eigenvectors of a Hermitian matrix.")
+_matrix_op("eigvalsh", lambda x: (_square(x), Meta(x.shape[:-1], dt.real_of(x.dtype)))[1], examples=_symmetric, symmetric_input=True,
            doc="Eigenvalues of a Hermitian matrix.")
 
 
@@ -327,3 +330,203 @@ define(Op("vector_norm", ("x",), {"axis": None, "keepdims": False, "ord": 2}, _v
           lambda x, axis, **_: {"axis": normalize_axes(axis, x.ndim)}, family="linalg", lift="floating",
           examples=_vector_norm_examples,
           bad_examples=lambda g: ((g.array((2, 3), dt.float64),), {"axis": 3}, AxisError), doc="Vector norm over axis."))
+
+
+# --- gradient rules (real inputs) ------------------------------------------------------------------------
+
+from .gradients import NotDifferentiable, defgrad, scatter_back, unbroadcast  # noqa: E402
+
+
+def _argsort(values):
+    return sorted(range(len(values)), key=lambda i: values[i])
+
+
+def _matmul_grad(xp, g, out, x1, x2):
+    if x1.ndim == 1 and x2.ndim == 1:  # a dot product
+        return g * x2, g * x1
+    a = x1 if x1.ndim > 1 else xp.expand_dims(x1, axis=0)
+    b = x2 if x2.ndim > 1 else xp.expand_dims(x2, axis=1)
+    if x1.ndim == 1:
+        g = xp.expand_dims(g, axis=-2)
+    if x2.ndim == 1:
+        g = xp.expand_dims(g, axis=-1)
+    ga = unbroadcast(xp, g @ xp.matrix_transpose(b), a.shape)
+    gb = unbroadcast(xp, xp.matrix_transpose(a) @ g, b.shape)
+    return xp.reshape(ga, x1.shape), xp.reshape(gb, x2.shape)
+
+
+def _tensordot_grad(xp, g, out, x1, x2, axes):
+    first, second = axes
+    free1 = [i for i in range(x1.ndim) if i not in first]
+    free2 = [i for i in range(x2.ndim) if i not in second]
+    n1 = len(free1)
+    g1 = xp.tensordot(g, x2, axes=(tuple(range(n1, g.ndim)), tuple(free2)))
+    source1 = free1 + [first[k] for k in _argsort(second)]
+    g2 = xp.tensordot(x1, g, axes=(tuple(free1), tuple(range(n1))))
+    source2 = [second[k] for k in _argsort(first)] + free2
+    return xp.permute_dims(g1, tuple(_argsort(source1))), xp.permute_dims(g2, tuple(_argsort(source2)))
+
+
+def _vecdot_grad(xp, g, out, x1, x2, axis):
+    g = xp.expand_dims(g, axis=axis)
+    return unbroadcast(xp, g * x2, x1.shape), unbroadcast(xp, g * x1, x2.shape)
+
+
+def _inv_grad(xp, g, out, x):
+    t = xp.matrix_transpose(out)
+    return (-(t @ g @ t),)
+
+
+def _det_grad(xp, g, out, x):
+    return ((g * out)[..., None, None] * xp.matrix_transpose(xp.linalg.inv(x)),)
+
+
+def _slogdet_grad(xp, g, out, x):
+    _, g_logabs = g
+    if g_logabs is None:
+        return (xp.zeros_like(x),)
+    return (g_logabs[..., None, None] * xp.matrix_transpose(xp.linalg.inv(x)),)
+
+
+def _solve_grad(xp, g, out, x1, x2):
+    t = xp.matrix_transpose(x1)
+    if x2.ndim == 1:
+        gb = xp.linalg.solve(t, g[..., None])[..., 0]
+        ga = -(gb[..., :, None] * out[..., None, :])
+    else:
+        gb = xp.linalg.solve(t, g)
+        ga = -(gb @ xp.matrix_transpose(out))
+    return unbroadcast(xp, ga, x1.shape), unbroadcast(xp, gb, x2.shape)
+
+
+def _cholesky_grad(xp, g, out, x, upper):
+    lower = xp.matrix_transpose(out) if upper else out
+    gl = xp.matrix_transpose(g) if upper else g
+    n = x.shape[-1]
+    eye = xp.eye(n, dtype=x.dtype, device=x.device)
+    p = xp.matrix_transpose(lower) @ gl
+    phi = xp.tril(p) - 0.5 * eye * p
+    lt = xp.matrix_transpose(lower)
+    y = xp.linalg.solve(lt, phi)
+    s = xp.matrix_transpose(xp.linalg.solve(lt, xp.matrix_transpose(y)))
+    return (0.5 * (s + xp.matrix_transpose(s)),)
+
+
+def _eigh_grad(xp, g, out, x):
+    w, v = out
+    gw, gv = g
+    vt = xp.matrix_transpose(v)
+    inner = xp.zeros_like(x)
+    if gw is not None:
+        inner = inner + gw[..., :, None] * xp.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+    if gv is not None:
+        gap = w[..., None, :] - w[..., :, None]
+        off = ~xp.eye(x.shape[-1], dtype=xp.bool, device=x.device)
+        f = xp.where(off, 1.0 / xp.where(off, gap, 1.0), 0.0)
+        inner = inner + f * (vt @ gv)
+    ga = v @ inner @ vt
+    return (0.5 * (ga + xp.matrix_transpose(ga)),)
+
+
+def _eigvalsh_grad(xp, g, out, x):
+    _, v = xp.linalg.eigh(x)
+    return (v @ (g[..., :, None] * xp.matrix_transpose(v)),)
+
+
+def _svdvals_grad(xp, g, out, x):
+    u, _, vh = xp.linalg.svd(x, full_matrices=False)
+    return (u @ (g[..., :, None] * vh),)
+
+
+def _svd_grad(xp, g, out, x, full_matrices):
+    gu, gs, gvh = g
+    if gu is not None or gvh is not None:
+        raise NotImplementedError("svd: gradients through U and Vh are not supported; use svdvals for S")
+    u, _, vh = xp.linalg.svd(x, full_matrices=False)
+    return (u @ (gs[..., :, None] * vh),)
+
+
+def _matrix_power_grad(xp, g, out, x, n):
+    if n == 0:
+        return (xp.zeros_like(x),)
+    base = x if n > 0 else xp.linalg.inv(x)
+    m = abs(n)
+    powers = [xp.eye(x.shape[-1], dtype=x.dtype, device=x.device)]
+    for _ in range(m - 1):
+        powers.append(powers[-1] @ base)
+    t = xp.matrix_transpose
+    gb = sum((t(powers[k]) @ g @ t(powers[m - 1 - k]) for k in range(m)), xp.zeros_like(x))
+    if n > 0:
+        return (gb,)
+    return (-(t(base) @ gb @ t(base)),)
+
+
+def _cross_grad(xp, g, out, x1, x2, axis):
+    return (unbroadcast(xp, xp.linalg.cross(x2, g, axis=axis), x1.shape),
+            unbroadcast(xp, xp.linalg.cross(g, x1, axis=axis), x2.shape))
+
+
+def _trace_grad(xp, g, out, x, offset, dtype):
+    eye = xp.eye(x.shape[-2], x.shape[-1], k=offset, dtype=x.dtype, device=x.device)
+    return (xp.astype(g, x.dtype)[..., None, None] * eye,)
+
+
+def _matrix_norm_grad(xp, g, out, x, keepdims, ord):
+    gg = g if keepdims else g[..., None, None]
+    norm = out if keepdims else out[..., None, None]
+    if ord == "fro":
+        return (gg * x / norm,)
+    if ord in ("nuc", 2, -2):
+        u, s, vh = xp.linalg.svd(x, full_matrices=False)
+        if ord == "nuc":
+            return (gg * (u @ vh),)
+        k = 0 if ord == 2 else s.shape[-1] - 1
+        return (gg * (u[..., :, k:k + 1] @ vh[..., k:k + 1, :]),)
+    # 1, -1: largest/smallest column sum of |x|; inf, -inf: of row sums
+    axis = -2 if ord in (1, -1) else -1
+    sums = xp.sum(xp.abs(x), axis=axis, keepdims=True)
+    pick = xp.max(sums, axis=-1 if axis == -2 else -2, keepdims=True) if ord in (1, float("inf")) else \
+        xp.min(sums, axis=-1 if axis == -2 else -2, keepdims=True)
+    mask = xp.astype(sums == pick, x.dtype)
+    mask = mask / xp.sum(mask, axis=-1 if axis == -2 else -2, keepdims=True)
+    return (gg * xp.sign(x) * mask,)
+
+
+def _vector_norm_grad(xp, g, out, x, axis, keepdims, ord):
+    from .gradients import expand_reduced
+    gg = expand_reduced(xp, g, x.shape, axis, keepdims)
+    norm = expand_reduced(xp, out, x.shape, axis, keepdims)
+    if ord == 0:
+        return (xp.zeros_like(x),)
+    if ord == 1:
+        return (gg * xp.sign(x),)
+    if ord in (float("inf"), float("-inf")):
+        mask = xp.astype(xp.abs(x) == norm, x.dtype)
+        count = expand_reduced(xp, xp.sum(mask, axis=axis, keepdims=keepdims), x.shape, axis, keepdims)
+        return (gg * xp.sign(x) * mask / count,)
+    safe = xp.where(norm > 0, norm, 1.0)  # the zero vector: take the zero subgradient, not 0/0
+    if ord == 2:
+        return (xp.where(norm > 0, gg * x / safe, 0.0),)
+    return (xp.where(norm > 0, gg * xp.sign(x) * xp.abs(x) ** (ord - 1) / safe ** (ord - 1), 0.0),)
+
+
+defgrad("matmul", _matmul_grad)
+defgrad("tensordot", _tensordot_grad)
+defgrad("vecdot", _vecdot_grad)
+defgrad("inv", _inv_grad)
+defgrad("det", _det_grad)
+defgrad("slogdet", _slogdet_grad)
+defgrad("solve", _solve_grad)
+defgrad("cholesky", _cholesky_grad)
+defgrad("eigh", _eigh_grad)
+defgrad("eigvalsh", _eigvalsh_grad)
+defgrad("svdvals", _svdvals_grad)
+defgrad("svd", _svd_grad)
+defgrad("matrix_power", _matrix_power_grad)
+defgrad("cross", _cross_grad)
+defgrad("diagonal", lambda xp, g, out, x, offset: (scatter_back(xp, g, x, lambda p: xp.linalg.diagonal(p, offset=offset)),))
+defgrad("trace", _trace_grad)
+defgrad("matrix_norm", _matrix_norm_grad)
+defgrad("vector_norm", _vector_norm_grad)
+defgrad("qr", NotDifferentiable("qr: gradients are not implemented yet"))
+defgrad("pinv", NotDifferentiable("pinv: gradients are not implemented yet; solve or lstsq-style formulas differentiate"))

@@ -318,3 +318,76 @@ define(Op("unstack", ("x",), {"axis": 0}, _unstack_meta, lambda x, axis: {"axis"
           family="manipulation", multiple=True,
           examples=lambda g: (lambda s: ((g.array(s, g.dtype("any")),), {"axis": g.integer(-len(s), len(s) - 1)}))(g.shape(min_dims=1)),
           bad_examples=samples.bad_axis("any"), doc="Split x along axis into a tuple of arrays."))
+
+
+# --- gradient rules ------------------------------------------------------------------------------------
+
+from .gradients import defgrad, unbroadcast  # noqa: E402
+
+
+def _inverse(axes):
+    inverse = [0] * len(axes)
+    for i, a in enumerate(axes):
+        inverse[a] = i
+    return tuple(inverse)
+
+
+def _split_grad(xp, g, out, *arrays, axis):
+    """concat's adjoint: the cotangent cut back into the inputs' extents along axis."""
+    if axis is None:
+        g = xp.reshape(g, (-1,))
+    grads, start = [], 0
+    for a in arrays:
+        if axis is None:
+            size = math.prod(a.shape)
+            grads.append(xp.reshape(g[start:start + size], a.shape))
+        else:
+            size = a.shape[axis]
+            index = (slice(None),) * (axis % g.ndim) + (slice(start, start + size),)
+            grads.append(g[index])
+        start += size
+    return tuple(grads)
+
+
+def _tile_grad(xp, g, out, x, repetitions):
+    n = max(len(repetitions), x.ndim)
+    shape = (1,) * (n - x.ndim) + x.shape
+    reps = (1,) * (n - len(repetitions)) + tuple(repetitions)
+    split = tuple(d for pair in zip(reps, shape) for d in pair)
+    summed = xp.sum(xp.reshape(g, split), axis=tuple(range(0, 2 * n, 2)))
+    return (xp.reshape(summed, x.shape),)
+
+
+def _repeat_grad(xp, g, out, x, repeats, axis):
+    from .gradients import scatter_back
+    flat = axis is None
+    axis_ = 0 if flat else axis
+    size = math.prod(x.shape) if flat else x.shape[axis]
+    counts = repeats if isinstance(repeats, tuple) and len(repeats) == size else (repeats if isinstance(repeats, int) else repeats[0],) * size
+    index = xp.asarray([i for i, c in enumerate(counts) for _ in range(c)], dtype=dt.int64, device=g.device)
+    def gather(positions):
+        return xp.take(xp.reshape(positions, (-1,)) if flat else positions, index, axis=axis_)
+    return (scatter_back(xp, g, x, gather),)
+
+
+def _unstack_grad(xp, g, out, x, axis):
+    parts = [gi if gi is not None else xp.zeros_like(o) for gi, o in zip(g, out)]
+    if not parts:
+        return (xp.zeros_like(x),)
+    return (xp.stack(parts, axis=axis),)
+
+
+defgrad("astype", lambda xp, g, out, x, dtype, copy: (xp.astype(g, x.dtype) if dt.in_category(x.dtype, "floating") else None,))
+defgrad("broadcast_to", lambda xp, g, out, x, shape: (unbroadcast(xp, g, x.shape),))
+defgrad("concat", _split_grad)
+defgrad("stack", lambda xp, g, out, *arrays, axis: tuple(xp.unstack(g, axis=axis)))
+defgrad("expand_dims", lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),))
+defgrad("squeeze", lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),))
+defgrad("reshape", lambda xp, g, out, x, shape, copy: (xp.reshape(g, x.shape),))
+defgrad("flip", lambda xp, g, out, x, axis: (xp.flip(g, axis=axis),))
+defgrad("roll", lambda xp, g, out, x, shift, axis: (xp.roll(g, tuple(-s for s in shift) if isinstance(shift, tuple) else -shift, axis=axis),))
+defgrad("moveaxis", lambda xp, g, out, x, source, destination: (xp.moveaxis(g, destination, source),))
+defgrad("permute_dims", lambda xp, g, out, x, axes: (xp.permute_dims(g, _inverse(axes)),))
+defgrad("tile", _tile_grad)
+defgrad("repeat", _repeat_grad)
+defgrad("unstack", _unstack_grad)

@@ -197,3 +197,95 @@ for _name, _parts in (("unique_values", ("values",)), ("unique_counts", ("values
     define(Op(_name, ("x",), {}, _unique_meta(_parts), family="set", multiple=len(_parts) > 1, data_dependent=True,
               examples=lambda g: ((g.array(g.shape(), g.dtype("real numeric"), low=0, high=5),), {}),
               doc=f"Unique elements of x, flattened, with {', '.join(_parts)}."))
+
+
+# --- gradient rules ------------------------------------------------------------------------------------
+
+from .gradients import defgrad, expand_reduced, no_gradient, scatter_back  # noqa: E402
+
+
+def _count(x, axis) -> int:
+    n = 1
+    for a in (range(x.ndim) if axis is None else axis):
+        n *= x.shape[a]
+    return n
+
+
+def _sum_grad(xp, g, out, x, axis, dtype, keepdims):
+    return (xp.astype(expand_reduced(xp, g, x.shape, axis, keepdims), x.dtype),)
+
+
+def _prod_grad(xp, g, out, x, axis, dtype, keepdims):
+    # d prod / d x_i = prod / x_i (inputs are nonzero where this is used; zeros give nan, as in JAX)
+    return (expand_reduced(xp, g * out, x.shape, axis, keepdims) / x,)
+
+
+def _extremum_grad(xp, g, out, x, axis, keepdims):
+    """Ties share the cotangent evenly (like NumPy's and PyTorch's amax)."""
+    full = expand_reduced(xp, out, x.shape, axis, keepdims)
+    mask = xp.astype(x == full, x.dtype)
+    count = expand_reduced(xp, xp.sum(mask, axis=axis, keepdims=keepdims), x.shape, axis, keepdims)
+    return (expand_reduced(xp, g, x.shape, axis, keepdims) * mask / count,)
+
+
+def _mean_grad(xp, g, out, x, axis, keepdims):
+    return (expand_reduced(xp, g, x.shape, axis, keepdims) / _count(x, axis),)
+
+
+def _var_grad(xp, g, out, x, axis, correction, keepdims):
+    centred = x - xp.mean(x, axis=axis, keepdims=True)
+    return (expand_reduced(xp, g, x.shape, axis, keepdims) * 2 * centred / (_count(x, axis) - correction),)
+
+
+def _std_grad(xp, g, out, x, axis, correction, keepdims):
+    centred = x - xp.mean(x, axis=axis, keepdims=True)
+    safe = xp.where(out > 0, out, 1.0)  # at std = 0 take the zero subgradient, not 0/0
+    scale = expand_reduced(xp, xp.where(out > 0, g / safe, 0.0), x.shape, axis, keepdims)
+    return (scale * centred / (_count(x, axis) - correction),)
+
+
+def _cumulative_sum_grad(xp, g, out, x, axis, dtype, include_initial):
+    if include_initial:
+        g = xp.take(g, xp.arange(1, g.shape[axis], device=g.device), axis=axis)
+    return (xp.astype(xp.flip(xp.cumulative_sum(xp.flip(g, axis=axis), axis=axis), axis=axis), x.dtype),)
+
+
+def _cumulative_prod_grad(xp, g, out, x, axis, dtype, include_initial):
+    if include_initial:
+        g = xp.take(g, xp.arange(1, g.shape[axis], device=g.device), axis=axis)
+        out = xp.take(out, xp.arange(1, out.shape[axis], device=out.device), axis=axis)
+    # d out_j / d x_i = out_j / x_i for j >= i (nonzero inputs)
+    reverse = xp.flip(xp.cumulative_sum(xp.flip(g * out, axis=axis), axis=axis), axis=axis)
+    return (reverse / x,)
+
+
+def _diff_grad(xp, g, out, x, axis, n):
+    """The adjoint of a first difference, n times: dx_k = g_{k-1} - g_k."""
+    if x.shape[axis] <= n:  # the output was empty
+        return (xp.zeros_like(x),)
+    for _ in range(n):
+        shape = list(g.shape)
+        shape[axis] = 1
+        zero = xp.zeros(tuple(shape), dtype=g.dtype, device=g.device)
+        g = xp.concat([zero, g], axis=axis) - xp.concat([g, zero], axis=axis)
+    return (g,)
+
+
+def _sort_grad(xp, g, out, x, axis, descending, stable):
+    order = xp.argsort(x, axis=axis, descending=descending, stable=True)
+    return (scatter_back(xp, g, x, lambda positions: xp.take_along_axis(positions, order, axis=axis)),)
+
+
+defgrad("sum", _sum_grad)
+defgrad("prod", _prod_grad)
+defgrad("max", _extremum_grad)
+defgrad("min", _extremum_grad)
+defgrad("mean", _mean_grad)
+defgrad("var", _var_grad)
+defgrad("std", _std_grad)
+defgrad("cumulative_sum", _cumulative_sum_grad)
+defgrad("cumulative_prod", _cumulative_prod_grad)
+defgrad("diff", _diff_grad)
+defgrad("sort", _sort_grad)
+no_gradient("all", "any", "count_nonzero", "argmax", "argmin", "argsort", "searchsorted", "nonzero",
+            "unique_values", "unique_counts", "unique_inverse", "unique_all")

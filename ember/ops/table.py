@@ -75,6 +75,7 @@ class Op:
     bad_examples: Callable | None = None
     determined: tuple | None = None  # outputs fixed by the inputs (None: all); not e.g. eigenvector signs
     flops: Callable | None = None  # (input metas, output metas, attrs) -> a rough count, for graph summaries
+    symmetric_input: bool = False  # reads only a triangle of a symmetric matrix (its gradient is symmetrised)
     grad: Any = None
     doc: str = ""
     _cache: dict = field(default_factory=dict, repr=False)

@@ -1,0 +1,107 @@
+"""The autodiff engine: records a tape of differentiable ops, then forwards them to its inner
+engine (any engine: local, remote, capture).
+
+Handles are :class:`Var` objects wrapping the inner engine's handle; a Var produced by an op on
+tracked inputs points to the :class:`TapeNode` that made it. Rows whose outputs carry no
+gradient (``NO_GRADIENT``) stop tracking there and remember why.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..ops.table import NO_GRADIENT
+from .base import Engine
+
+_MODE = threading.local()
+
+
+def grad_enabled() -> bool:
+    """Whether ops on tracked arrays are recorded (see ``em.no_grad``)."""
+    return getattr(_MODE, "enabled", True)
+
+
+def set_grad_enabled(enabled: bool) -> bool:
+    previous = grad_enabled()
+    _MODE.enabled = enabled
+    return previous
+
+
+class TapeNode:
+    """One recorded op: its row, inputs (Vars, inner handles or literals), metas, attributes,
+    and the inner handles of its outputs (rules may need them)."""
+
+    __slots__ = ("op", "inputs", "in_metas", "attrs", "metas", "outputs")
+
+    def __init__(self, op, inputs, in_metas, attrs, metas, outputs):
+        self.op, self.inputs, self.in_metas, self.attrs, self.metas, self.outputs = op, inputs, in_metas, attrs, metas, outputs
+
+
+class Var:
+    """An autodiff handle: the inner handle, whether it requires a gradient, what produced it."""
+
+    __slots__ = ("handle", "requires_grad", "node", "index", "grad", "stopped_by", "__weakref__")
+
+    def __init__(self, handle, node: TapeNode | None = None, index: int = 0, requires_grad: bool = False,
+                 grad=None, stopped_by: str | None = None):
+        self.handle, self.node, self.index = handle, node, index
+        self.requires_grad = requires_grad or node is not None
+        self.grad, self.stopped_by = grad, stopped_by
+
+
+class AutodiffEngine(Engine):
+    """Gradient tracking over the engine of ``inner_device``."""
+
+    def __init__(self, device, inner_device):
+        self.device = device
+        self.inner_device = inner_device
+
+    @property
+    def inner(self):
+        return self.inner_device.engine
+
+    @property
+    def executes(self) -> bool:  # type: ignore[override]
+        return self.inner.executes
+
+    def execute(self, op, inputs, in_metas, attrs, metas):
+        raw = []
+        tracked = False
+        for value in inputs:
+            if type(value) is Var:
+                raw.append(value.handle)
+                tracked = tracked or value.requires_grad
+            else:
+                raw.append(value)
+        outs, metas = self.inner.execute(op, tuple(raw), in_metas, attrs, metas)
+        if not (tracked and grad_enabled()):
+            return tuple(Var(o) for o in outs), metas
+        if op.grad is NO_GRADIENT:
+            return tuple(Var(o, stopped_by=op.name) for o in outs), metas
+        node = TapeNode(op, tuple(inputs), in_metas, attrs, metas, outs)
+        return tuple(Var(o, node, i) for i, o in enumerate(outs)), metas
+
+    def upload(self, host, copy=None) -> Var:
+        return Var(self.inner.upload(host, copy))
+
+    def download(self, handle):
+        return self.inner.download(handle.handle if type(handle) is Var else handle)
+
+    def native(self, handle):
+        return self.inner.native(handle.handle if type(handle) is Var else handle)
+
+    def sync(self) -> None:
+        self.inner.sync()
+
+    def stats(self) -> dict:
+        return self.inner.stats()
+
+    def rebind(self, old, new):
+        """In-place updates keep a leaf a leaf: ``w -= lr * w.grad`` under ``no_grad``."""
+        if type(old) is Var and old.requires_grad and old.node is None:
+            if type(new) is Var and new.node is not None:
+                from ..errors import EmberError
+                raise EmberError("an in-place update of an array that requires grad would be recorded; "
+                                 "update parameters inside `with em.no_grad():`")
+            return Var(new.handle if type(new) is Var else new, requires_grad=True, grad=old.grad)
+        return new

@@ -1,0 +1,224 @@
+"""Autodiff: gradients generated from the op table against finite differences, numpy vs torch,
+and the device semantics (inner, equality, no_grad, stops, remote, capture)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import ember as em
+from ember import dtypes as dt
+from ember.array import bind
+from ember.ops import NO_GRADIENT, OPS
+from ember.ops.gradients import NotDifferentiable
+
+from .conftest import torch_available
+from .generators import Drawer
+from .peers import Peer
+
+DIFFERENTIABLE = sorted(name for name, op in OPS.items()
+                        if op.examples and callable(op.grad) and not isinstance(op.grad, NotDifferentiable) and op.inputs)
+FLOAT64_ONLY = (dt.float64, dt.int64, dt.bool_)
+
+
+def test_every_row_has_a_gradient_rule_or_says_why_not():
+    for name, op in OPS.items():
+        assert op.grad is NO_GRADIENT or isinstance(op.grad, NotDifferentiable) or callable(op.grad), name
+
+
+def _example(name, data):
+    op = OPS[name]
+    drawer = Drawer(data, (dt.float64,), distinct=True)
+    arrays, attrs = op.examples(drawer)
+    attrs = {**op.attrs, **attrs}
+    wrt = [i for i, a in enumerate(arrays) if a.dtype == np.float64]
+    assume(wrt)
+    values = np.concatenate([a.ravel() for a in arrays if a.dtype == np.float64])
+    assume(len(np.unique(values)) == values.size)  # no ties across inputs either (maximum(x, x) has a kink)
+    return op, arrays, attrs, wrt
+
+
+def _loss_function(op, arrays, attrs, wrt, device):
+    """sum(out_k · w_k) over the outputs fixed by the inputs: a scalar with a rich gradient."""
+    rng = np.random.default_rng(1)
+    sample = bind(op, tuple(em.asarray(a) for a in arrays), attrs)
+    outs = sample if isinstance(sample, tuple) else (sample,)
+    determined = range(len(outs)) if op.determined is None else op.determined
+    chosen = [k for k in determined if outs[k].dtype == em.float64]
+    weights = {k: em.asarray(rng.standard_normal(outs[k].shape), device=device) for k in chosen}
+    fixed = {i: em.asarray(a, device=device) for i, a in enumerate(arrays) if i not in wrt}
+
+    def loss(*variables):
+        inputs = [fixed[i] if i in fixed else variables[wrt.index(i)] for i in range(len(arrays))]
+        out = bind(op, tuple(inputs), attrs)
+        out = out if isinstance(out, tuple) else (out,)
+        total = em.zeros((), device=device)
+        for k in chosen:
+            total = total + em.sum(out[k] * weights[k])
+        return total
+    return loss, bool(chosen)
+
+
+def _numeric_gradient(loss, hosts, step):
+    grads = []
+    for j, host in enumerate(hosts):
+        g = np.zeros_like(host)
+        for index in np.ndindex(host.shape):
+            plus, minus = [h.copy() for h in hosts], [h.copy() for h in hosts]
+            plus[j][index] += step
+            minus[j][index] -= step
+            g[index] = (float(loss(*map(em.asarray, plus))) - float(loss(*map(em.asarray, minus)))) / (2 * step)
+        grads.append(g)
+    return grads
+
+
+def _symmetric(m):
+    return (m + np.swapaxes(m, -1, -2)) / 2
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+@given(data=st.data())
+def test_gradient_matches_finite_differences(name, data):
+    op, arrays, attrs, wrt = _example(name, data)
+    loss, differentiable = _loss_function(op, arrays, attrs, wrt, "numpy")
+    assume(differentiable)
+    hosts = [arrays[i] for i in wrt]
+    assume(sum(h.size for h in hosts) <= 48)
+    coarse = _numeric_gradient(loss, hosts, 1e-5)
+    fine = _numeric_gradient(loss, hosts, 1e-6)
+    for c, f in zip(coarse, fine):  # a kink or a jump makes the estimate unstable: not a test point
+        assume(np.all(np.isfinite(c)) and np.allclose(c, f, rtol=1e-3, atol=1e-6))
+    analytic = em.grad(loss, argnums=tuple(range(len(hosts))))(*map(em.asarray, hosts))
+    # a central difference's rounding error grows with the loss's magnitude (eps·|L|/h)
+    terms = abs(float(em.sum(em.abs(loss(*map(em.asarray, hosts))))))
+    for k, (a, n) in enumerate(zip(analytic, fine)):
+        a = em.asnumpy(a)
+        if op.symmetric_input:
+            a, n = _symmetric(a), _symmetric(n)
+        np.testing.assert_allclose(a, n, rtol=1e-4, atol=1e-6 + 1e-8 * terms, err_msg=f"{name}: d/d input {wrt[k]}")
+
+
+@pytest.mark.skipif(not torch_available(), reason="torch is not installed")
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+@given(data=st.data())
+def test_numpy_and_torch_gradients_agree(name, data):
+    op, arrays, attrs, wrt = _example(name, data)
+    results = []
+    for device in ("numpy", "torch:cpu"):
+        loss, differentiable = _loss_function(op, arrays, attrs, wrt, device)
+        assume(differentiable)
+        grads = em.grad(loss, argnums=tuple(range(len(wrt))))(*(em.asarray(arrays[i], device=device) for i in wrt))
+        results.append([em.asnumpy(g) for g in grads])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=name)
+
+
+def test_autodiff_device_semantics():
+    d = em.device("numpy")
+    a = em.autodiff(d)
+    assert a.inner() is d and a == d and em.autodiff(d) is a and d.autodiff() is a
+    assert str(a) == "autodiff(numpy)"
+    with pytest.raises(em.DeviceError, match="already tracks gradients"):
+        em.autodiff(a)
+    with pytest.raises(em.DeviceError, match="do not track gradients"):
+        em.ones(2).requires_grad_()
+    x = em.asarray([1.0, 2.0], device=a).requires_grad_()
+    plain = em.asarray([3.0, 4.0])                       # untracked arrays mix in as constants
+    y = em.sum(x * plain)
+    y.backward()
+    np.testing.assert_array_equal(em.asnumpy(x.grad), [3.0, 4.0])
+    em.sum(x * x).backward()                             # gradients accumulate, like PyTorch
+    np.testing.assert_array_equal(em.asnumpy(x.grad), [5.0, 8.0])
+    with em.no_grad():
+        z = x * 2
+        x -= 0.5 * x.grad                                # a parameter update keeps x a leaf
+    assert not z.requires_grad and x.requires_grad and x.grad is not None
+    np.testing.assert_array_equal(em.asnumpy(x), [-1.5, -2.0])
+    x.grad = None
+    assert x.grad is None
+    with pytest.raises(em.EmberError, match="in-place update"):
+        x += 1
+    assert not x.detach().requires_grad
+
+
+def test_gradient_through_non_differentiable_ops_says_so():
+    x = em.asarray([3.0, 1.0, 2.0], device=em.autodiff("numpy")).requires_grad_()
+    i = em.argmax(x)
+    with pytest.raises(em.EmberError, match="it comes from argmax, which has no gradient"):
+        i.backward()
+    with pytest.raises(em.EmberError, match="backward: this array does not require grad"):
+        em.sum(em.asarray([1.0], device=em.autodiff("numpy"))).backward()
+    with pytest.raises(NotImplementedError, match="qr: gradients are not implemented"):
+        em.sum(em.linalg.qr(em.reshape(x, (3, 1)))[1]).backward()
+    with pytest.raises(em.EmberError, match="pass a gradient for a non-scalar output"):
+        (x * 2).backward()
+
+
+def test_functional_grad_and_value_and_grad():
+    def loss(w, data):
+        x, y = data
+        prediction = x @ w["weight"] + w["bias"]
+        return em.mean((prediction - y) ** 2), prediction
+
+    rng = np.random.default_rng(0)
+    w = {"weight": em.asarray(rng.standard_normal((3, 1))), "bias": em.zeros(1)}
+    data = (em.asarray(rng.standard_normal((8, 3))), em.asarray(rng.standard_normal((8, 1))))
+    (value, prediction), grads = em.value_and_grad(loss, has_aux=True)(w, data)
+    assert set(grads) == {"weight", "bias"} and grads["weight"].shape == (3, 1) and value.shape == ()
+    residual = em.asnumpy(prediction) - em.asnumpy(data[1])
+    np.testing.assert_allclose(em.asnumpy(grads["bias"]), [2 * residual.mean()], rtol=1e-12)
+    assert em.grad(lambda v: em.sum(v * v))(em.ones(3)).device == em.device("numpy")
+
+
+def test_backward_streams_to_a_peer_without_moving_gradient_bytes():
+    with Peer() as peer:
+        remote = em.device(peer.url())
+        a = em.autodiff(remote)
+        w = em.asarray(np.linspace(-1, 1, 1000), device=a).requires_grad_()
+        em.sync(remote)
+        before = em.stats(remote)
+        loss = em.sum(em.tanh(w) ** 2)
+        loss.backward()
+        after = em.stats(remote)
+        assert after["round_trips"] == before["round_trips"]        # nothing waited
+        assert after["bytes_down"] == before["bytes_down"]          # no gradient bytes came back
+        expected = 2 * np.tanh(np.linspace(-1, 1, 1000)) * (1 - np.tanh(np.linspace(-1, 1, 1000)) ** 2)
+        np.testing.assert_allclose(em.asnumpy(w.grad), expected, rtol=1e-12)
+        assert em.stats(remote)["round_trips"] == after["round_trips"] + 1
+
+
+def test_a_training_step_with_its_backward_pass_captures_into_one_graph():
+    def loss(w, x, y):
+        return em.mean((em.tanh(x @ w) - y) ** 2)
+
+    @em.jit
+    def step(w, x, y):
+        value, g = em.value_and_grad(loss)(w, x, y)
+        return value, w - 0.1 * g
+
+    rng = np.random.default_rng(0)
+    w, x, y = (em.asarray(rng.standard_normal(s)) for s in ((4, 2), (16, 4), (16, 2)))
+    value, new_w = step(w, x, y)
+    eager_value, eager_g = em.value_and_grad(loss)(w, x, y)
+    np.testing.assert_allclose(em.asnumpy(new_w), em.asnumpy(w - 0.1 * eager_g), rtol=1e-12)
+    graph, _ = next(iter(step.graphs.values()))
+    assert graph.op_counts()["tanh"] == 1 and graph.op_counts()["matmul"] == 2  # forward, and backward for w
+    with Peer() as peer:
+        remote = em.device(peer.url())
+        r_value, r_w = step(*(t.to_device(remote) for t in (w, x, y)))
+        np.testing.assert_allclose(em.asnumpy(r_w), em.asnumpy(new_w), rtol=1e-12)
+        if torch_available():
+            t_value, t_w = step(*(t.to_device("torch:cpu") for t in (w, x, y)))
+            np.testing.assert_allclose(em.asnumpy(t_w), em.asnumpy(new_w), rtol=1e-12)
+
+
+def test_setitem_gradient():
+    x = em.asarray([1.0, 2.0, 3.0], device=em.autodiff("numpy")).requires_grad_()
+    v = em.asarray([10.0], device=em.autodiff("numpy")).requires_grad_()
+    y = x * 1.0
+    y[1:2] = v * 2
+    em.sum(y * em.asarray([1.0, 5.0, 7.0])).backward()
+    np.testing.assert_array_equal(em.asnumpy(x.grad), [1.0, 0.0, 7.0])
+    np.testing.assert_array_equal(em.asnumpy(v.grad), [10.0])
