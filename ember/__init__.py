@@ -24,7 +24,7 @@ from .dtypes import (bool_ as bool, complex64, complex128, float32, float64, int
 from .errors import (AccessDenied, ArgumentError, AxisError, CaptureError, ConnectionLost, DeviceError, DTypeError, EmberError,
                      ExecutionError, HostDeviceError, IndexingError, NotSupportedError, ProtocolError,
                      ScalarOverflowError, ShapeError)
-from .namespace import fft, linalg
+from .namespace import fft, linalg, nn
 from .namespace.creation import *  # noqa: F403
 from .namespace.data_types import *  # noqa: F403
 from .namespace.elementwise import *  # noqa: F403
@@ -54,3 +54,4 @@ newaxis = None
 # ``import ember.linalg`` and ``import ember.fft`` work like the attributes
 _sys.modules[__name__ + ".linalg"] = linalg
 _sys.modules[__name__ + ".fft"] = fft
+_sys.modules[__name__ + ".nn"] = nn

@@ -9,6 +9,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..ops.indexing import decode_key
 from .base import Backend
+from .numpy_nn import KERNELS as NN_KERNELS
 
 NATIVE = {d: np.dtype(d.name) for d in dt.ALL}
 EMBER = {v: k for k, v in NATIVE.items()}
@@ -163,6 +164,9 @@ KERNELS = {
     "fftshift": lambda x, axes: np.fft.fftshift(x, axes) if axes else x.copy(),
     "ifftshift": lambda x, axes: np.fft.ifftshift(x, axes) if axes else x.copy(),
 }
+
+
+KERNELS.update(NN_KERNELS)
 
 
 class NumpyBackend(Backend):

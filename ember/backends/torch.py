@@ -13,11 +13,13 @@ import array_api_compat.torch as compat
 import array_api_compat.torch.linalg as compat_linalg
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .. import dtypes as dt
 from ..errors import NotSupportedError
 from ..ops.creation import arange_length
 from .base import Backend
+from .numpy_nn import GOLDEN, MIX1, MIX2
 
 SUPPORTED = tuple(d for d in dt.ALL if d not in (dt.uint16, dt.uint32, dt.uint64))
 NATIVE = {d: getattr(torch, d.name) for d in SUPPORTED}
@@ -358,6 +360,63 @@ KERNELS = {
 }
 
 
+# --- nn ---------------------------------------------------------------------------------------------
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 torch multiplies with the same wrap-around."""
+    value %= 1 << 64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(z, k: int):
+    return (z >> k) & ((1 << (64 - k)) - 1)  # a logical shift on int64
+
+
+def _uniform_hash(size: int, seed: int, device) -> torch.Tensor:
+    """numpy_nn.uniform_hash in int64 arithmetic: the same bits on every torch device."""
+    z = torch.arange(size, dtype=torch.int64, device=device) + _signed(seed * GOLDEN)
+    z = (z ^ _shift_right(z, 30)) * _signed(MIX1)
+    z = (z ^ _shift_right(z, 27)) * _signed(MIX2)
+    z = z ^ _shift_right(z, 31)
+    return _shift_right(z, 11).to(torch.float64) * 2.0 ** -53
+
+
+def _max_pool2d_grad(x, g, kernel_size, stride, padding):
+    _, indices = F.max_pool2d(x, kernel_size, stride, padding, return_indices=True)
+    n, c, h, w = x.shape
+    gx = torch.zeros((n, c, h * w), dtype=g.dtype, device=g.device)
+    return gx.scatter_add_(2, indices.reshape(n, c, -1), g.reshape(n, c, -1)).reshape(x.shape)
+
+
+def _layer_norm(x, *affine, normalized_shape, eps):
+    weight, bias = affine if affine else (None, None)
+    return F.layer_norm(x, normalized_shape, weight, bias, eps=eps)
+
+
+NN_KERNELS = {
+    "relu": torch.relu, "sigmoid": torch.sigmoid, "silu": F.silu,
+    "gelu": lambda x, approximate: F.gelu(x, approximate=approximate),
+    "softmax": lambda x, axis: torch.softmax(x, axis), "log_softmax": lambda x, axis: torch.log_softmax(x, axis),
+    "cross_entropy": lambda logits, target, reduction: F.cross_entropy(logits, target.long(), reduction=reduction),
+    "mse_loss": lambda x, y, reduction: F.mse_loss(x, y, reduction=reduction),
+    "linear": lambda x, weight, *bias: F.linear(x, weight, bias[0] if bias else None),
+    "layer_norm": _layer_norm,
+    "embedding": lambda indices, weight: F.embedding(indices.long(), weight),
+    "conv2d": lambda x, weight, *bias, stride, padding, dilation, groups: F.conv2d(
+        x, weight, bias[0] if bias else None, stride, padding, dilation, groups),
+    "conv2d_input_grad": lambda g, weight, shape, stride, padding, dilation, groups: torch.nn.grad.conv2d_input(
+        shape, weight, g, stride, padding, dilation, groups),
+    "conv2d_weight_grad": lambda x, g, shape, stride, padding, dilation, groups: torch.nn.grad.conv2d_weight(
+        x, shape, g, stride, padding, dilation, groups),
+    "max_pool2d": lambda x, kernel_size, stride, padding: F.max_pool2d(x, kernel_size, stride, padding),
+    "max_pool2d_grad": _max_pool2d_grad,
+    "avg_pool2d": lambda x, kernel_size, stride, padding: F.avg_pool2d(x, kernel_size, stride, padding, count_include_pad=True),
+    "scaled_dot_product_attention": lambda q, k, v, *mask, is_causal, scale: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask[0] if mask else None, is_causal=is_causal, scale=scale),
+}
+KERNELS.update(NN_KERNELS)
+
+
 def _creation_kernels(device: torch.device) -> dict:
     """Kernels without array inputs, which must be told the device."""
     def arange(start, stop, step, dtype):
@@ -368,6 +427,7 @@ def _creation_kernels(device: torch.device) -> dict:
         return (start + step * torch.arange(n, dtype=torch.float64, device=device)).to(NATIVE[dtype])
 
     return {
+        "dropout_mask": lambda shape, p, seed: (_uniform_hash(math.prod(shape), seed, device) >= p).reshape(shape),
         "arange": arange,
         "full": lambda shape, fill_value, dtype: torch.full(shape, fill_value, dtype=NATIVE[dtype], device=device),
         "empty": lambda shape, dtype: torch.empty(shape, dtype=NATIVE[dtype], device=device),

@@ -1,0 +1,181 @@
+"""NumPy kernels of the nn rows: vectorised, with sliding windows + tensordot for convolution."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))  # stable on both sides
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+def _gelu(x, approximate):
+    if approximate == "tanh":
+        c = math.sqrt(2 / math.pi)
+        return 0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x ** 3)))
+    return (0.5 * x * (1 + np.asarray(_erf(x / math.sqrt(2)), dtype=x.dtype))).astype(x.dtype, copy=False)
+
+
+def _log_softmax(x, axis):
+    shifted = x - np.max(x, axis=axis, keepdims=True) if x.size else x
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def _softmax(x, axis):
+    return np.exp(_log_softmax(x, axis))
+
+
+def _reduce(values, reduction):
+    if reduction == "mean":
+        return np.asarray(values.mean() if values.size else np.nan, dtype=values.dtype)
+    if reduction == "sum":
+        return np.asarray(values.sum(), dtype=values.dtype)
+    return values
+
+
+def _cross_entropy(logits, target, reduction):
+    log_p = _log_softmax(logits, -1)
+    picked = -np.take_along_axis(log_p, target[:, None].astype(np.int64), axis=1)[:, 0]
+    return _reduce(picked, reduction)
+
+
+def _linear(x, weight, *bias):
+    out = x @ weight.T
+    return out + bias[0] if bias else out
+
+
+def _layer_norm(x, *affine, normalized_shape, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    out = (x - mean) / np.sqrt(var + eps)
+    return out * affine[0] + affine[1] if affine else out
+
+
+GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's constants
+_MIX1, _MIX2 = np.uint64(MIX1), np.uint64(MIX2)
+
+
+def uniform_hash(size: int, seed: int) -> np.ndarray:
+    """splitmix64 of (seed, element index) → uniform [0, 1) float64 (the torch kernel matches bit for bit)."""
+    z = np.arange(size, dtype=np.uint64) + np.uint64(seed * GOLDEN % (1 << 64))
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def _dropout_mask(shape, p, seed):
+    return uniform_hash(math.prod(shape), seed).reshape(shape) >= p
+
+
+def _windows(x, kernel, stride, padding, dilation, fill=0.0):
+    """(N, C, OH, OW, KH, KW) views of the padded input."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    if ph or pw:
+        x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
+    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+    view = sliding_window_view(x, span, axis=(2, 3))
+    return view[:, :, ::sh, ::sw, ::dh, ::dw]
+
+
+def _conv2d(x, weight, *bias, stride, padding, dilation, groups):
+    o, cg, kh, kw = weight.shape
+    win = _windows(x, (kh, kw), stride, padding, dilation)
+    parts = []
+    og = o // groups
+    for k in range(groups):
+        part = np.tensordot(win[:, k * cg:(k + 1) * cg], weight[k * og:(k + 1) * og], axes=([1, 4, 5], [1, 2, 3]))
+        parts.append(part)  # (N, OH, OW, og)
+    out = np.concatenate(parts, axis=-1).transpose(0, 3, 1, 2)
+    if bias:
+        out = out + bias[0][None, :, None, None]
+    return np.ascontiguousarray(out)
+
+
+def _scatter_windows(cols, shape, kernel, stride, padding, dilation):
+    """The adjoint of _windows: add (N, C, OH, OW, KH, KW) values back into an (N, C, H, W) input."""
+    n, c, h, w = shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    oh, ow = cols.shape[2], cols.shape[3]
+    out = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=cols.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            out[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw] += cols[:, :, :, :, i, j]
+    return out[:, :, ph:ph + h, pw:pw + w]
+
+
+def _conv2d_input_grad(g, weight, shape, stride, padding, dilation, groups):
+    o, cg, kh, kw = weight.shape
+    og = o // groups
+    cols = []
+    for k in range(groups):
+        # (N, og, OH, OW) x (og, cg, KH, KW) -> (N, OH, OW, cg, KH, KW)
+        cols.append(np.tensordot(g[:, k * og:(k + 1) * og], weight[k * og:(k + 1) * og], axes=([1], [0])))
+    cols = np.concatenate(cols, axis=3).transpose(0, 3, 1, 2, 4, 5)
+    return _scatter_windows(cols, shape, (kh, kw), stride, padding, dilation)
+
+
+def _conv2d_weight_grad(x, g, shape, stride, padding, dilation, groups):
+    o, cg, kh, kw = shape
+    og = o // groups
+    win = _windows(x, (kh, kw), stride, padding, dilation)
+    parts = [np.tensordot(g[:, k * og:(k + 1) * og], win[:, k * cg:(k + 1) * cg], axes=([0, 2, 3], [0, 2, 3]))
+             for k in range(groups)]
+    return np.concatenate(parts, axis=0)
+
+
+def _max_pool2d(x, kernel_size, stride, padding):
+    return np.ascontiguousarray(_windows(x, kernel_size, stride, padding, (1, 1), fill=-np.inf).max(axis=(4, 5)))
+
+
+def _max_pool2d_grad(x, g, kernel_size, stride, padding):
+    win = _windows(x, kernel_size, stride, padding, (1, 1), fill=-np.inf)
+    n, c, oh, ow, kh, kw = win.shape
+    first = win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)  # the first maximum gets the gradient
+    cols = np.zeros((n, c, oh, ow, kh * kw), dtype=g.dtype)
+    np.put_along_axis(cols, first[..., None], g[..., None], axis=-1)
+    return _scatter_windows(cols.reshape(n, c, oh, ow, kh, kw), x.shape, kernel_size, stride, padding, (1, 1))
+
+
+def _avg_pool2d(x, kernel_size, stride, padding):
+    return np.ascontiguousarray(_windows(x, kernel_size, stride, padding, (1, 1)).mean(axis=(4, 5)))
+
+
+def _attention(q, k, v, *mask, is_causal, scale):
+    s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
+    scores = (q @ np.swapaxes(k, -1, -2)) * s
+    if mask:
+        scores = scores + mask[0]
+    if is_causal:
+        scores = np.where(np.tril(np.ones(scores.shape[-2:], dtype=bool)), scores, -np.inf)
+    return _softmax(scores, -1) @ v
+
+
+KERNELS = {
+    "relu": lambda x: np.maximum(x, 0).astype(x.dtype, copy=False),
+    "sigmoid": _sigmoid,
+    "silu": lambda x: x * _sigmoid(x),
+    "gelu": _gelu,
+    "softmax": _softmax,
+    "log_softmax": _log_softmax,
+    "cross_entropy": _cross_entropy,
+    "mse_loss": lambda x, y, reduction: _reduce((x - y) ** 2, reduction),
+    "linear": _linear,
+    "layer_norm": _layer_norm,
+    "dropout_mask": _dropout_mask,
+    "embedding": lambda indices, weight: weight[indices],
+    "conv2d": _conv2d,
+    "conv2d_input_grad": _conv2d_input_grad,
+    "conv2d_weight_grad": _conv2d_weight_grad,
+    "max_pool2d": _max_pool2d,
+    "max_pool2d_grad": _max_pool2d_grad,
+    "avg_pool2d": _avg_pool2d,
+    "scaled_dot_product_attention": _attention,
+}
