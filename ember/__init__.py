@@ -41,6 +41,7 @@ from .interop import asnumpy, stats, sync
 from .remote.server import Server, serve
 from .graphs import CapturedGraph, capture, jit, load_graph
 from .autodiff import autodiff, enable_grad, grad, is_grad_enabled, no_grad, value_and_grad
+from . import optim  # noqa: E402
 
 __version__ = "0.1.0"
 __array_api_version__ = "2024.12"

@@ -18,7 +18,7 @@ def _sigmoid(x):
 def _gelu(x, approximate):
     if approximate == "tanh":
         c = math.sqrt(2 / math.pi)
-        return 0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1 + np.tanh(c * (x + 0.044715 * (x * x * x))))
     return (0.5 * x * (1 + np.asarray(_erf(x / math.sqrt(2)), dtype=x.dtype))).astype(x.dtype, copy=False)
 
 

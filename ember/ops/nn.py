@@ -369,7 +369,7 @@ _SQRT_2PI = math.sqrt(2 * math.pi)
 def _gelu_grad(xp, g, out, x, approximate):
     if approximate == "tanh":
         c = math.sqrt(2 / math.pi)
-        inner = c * (x + 0.044715 * x ** 3)
+        inner = c * (x + 0.044715 * (x * x * x))
         t = xp.tanh(inner)
         return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)),)
     cdf = xp.where(x != 0, out / xp.where(x != 0, x, 1.0), 0.5)  # Φ(x) = gelu(x) / x
