@@ -2,6 +2,7 @@
 
     ember serve --device D --listen HOST:PORT [--token-file F] [--insecure]
                                    host D's backend as a compute peer
+    ember demo                     the whole job in one command: peer, remote, training, capture
     ember devices [PEER]           list the local devices (or a compute peer's)
     ember bench [SUITE ...]        run benchmarks, print one table of ratios
 """
@@ -89,11 +90,28 @@ def _bench(args) -> int:
     return 0
 
 
+def _demo(args) -> int:
+    from .demo import run
+    return run(local=args.device, peer_device=args.peer_device, steps=args.steps, size=args.size, out=args.out)
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ember`` command."""
     top = argparse.ArgumentParser(prog="ember", description="ember: array computing on any device.")
     top.add_argument("--version", action="version", version=f"ember {__version__}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="the whole job in one command (about half a minute)",
+                               description="Start a compute peer on 127.0.0.1 in a child process and show: one "
+                                           "computation on a local and a remote device, an MLP trained on the peer, a "
+                                           "training step captured, saved, rendered and replayed with em.jit, the refusal "
+                                           "to serve a capture device, and what it all cost. The peer stops on exit.")
+    demo.add_argument("--device", default="numpy", help="the local device to compare with (default numpy)")
+    demo.add_argument("--peer-device", default="numpy", help="what the peer hosts (default numpy)")
+    demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    demo.add_argument("--size", type=int, default=200, help="matrix size of the first computation (default 200)")
+    demo.add_argument("--out", help="keep the saved and rendered graph in this directory (default: a temporary one)")
+    demo.set_defaults(run=_demo)
 
     serve = commands.add_parser("serve", help="host a local backend as a compute peer",
                                 description="Host every device of a local backend for remote clients "

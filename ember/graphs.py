@@ -144,11 +144,16 @@ class CapturedGraph:
         counts = self.op_counts()
         lines = [f"CapturedGraph: {len(self.ops)} ops, {len(self.inputs)} inputs, {len(self.outputs)} outputs, "
                  f"{len(self.constants)} constants ({_bytes(self.constant_bytes())}), ~{_count(self.flops())} flops"]
-        for name, node, meta in self.inputs:
+        shown = 6  # a summary, not a listing: to_json() has everything
+        for name, node, meta in self.inputs[:shown]:
             lines.append(f"  input  {name}: {fmt_shape(meta.shape)} {meta.dtype}")
-        for name, node in self.outputs:
+        if len(self.inputs) > shown:
+            lines.append(f"  … and {len(self.inputs) - shown} more inputs")
+        for name, node in self.outputs[:shown]:
             meta = self.metas[node]
             lines.append(f"  output {name}: {fmt_shape(meta.shape)} {meta.dtype}")
+        if len(self.outputs) > shown:
+            lines.append(f"  … and {len(self.outputs) - shown} more outputs")
         lines.append("  ops: " + ", ".join(f"{name} ×{n}" for name, n in counts.most_common()))
         return "\n".join(lines)
 

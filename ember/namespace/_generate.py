@@ -114,3 +114,30 @@ def require_array(value, name: str, what: str = "x") -> Array:
     if not isinstance(value, Array):
         raise DTypeError(f"{name}: {what} must be an ember array, got {type(value).__name__}")
     return value
+
+
+def device_dtypes(device) -> tuple:
+    """The dtypes a device's engine supports (every dtype where it does not say)."""
+    engine = device.engine
+    backend = getattr(engine, "backend", None)
+    if backend is not None:
+        return backend.dtypes
+    names = getattr(engine, "dtypes", None)
+    if names:
+        return tuple(dt.from_name(n) if isinstance(n, str) else n for n in names)
+    inner = getattr(engine, "inner", None)
+    return device_dtypes(device.inner()) if inner is not None and device.inner() is not device else dt.ALL
+
+
+def accumulating(function):
+    """For sum-like functions: on a device without uint64 (PyTorch), unsigned inputs accumulate
+    in int64 by default instead of refusing (the standard's default is the default uint)."""
+    def wrapper(x, /, *args, dtype=None, **kwargs):
+        if dtype is None and isinstance(x, Array) and x.dtype.kind == dt.UNSIGNED and dt.uint64 not in device_dtypes(x.device):
+            dtype = dt.int64
+        return function(x, *args, dtype=dtype, **kwargs)
+
+    wrapper.__name__ = wrapper.__qualname__ = function.__name__
+    wrapper.__doc__ = function.__doc__
+    wrapper.__signature__ = function.__signature__
+    return wrapper

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..array import Array, bind
-from ..errors import DTypeError, EmberError, ShapeError, with_prefix
+from ..errors import DTypeError, EmberError, with_prefix
 from ..ops import OPS
 from ._generate import astype_raw
 
@@ -93,8 +93,8 @@ for _op in OPS.values():
 def clip(x, /, min=None, max=None):
     """Clamp x to [min, max]; either bound may be None, a Python scalar or an array.
 
-    The result keeps x's shape and dtype (bounds broadcast to x); integer bounds beyond the
-    dtype's range are saturated.
+    The result has x's dtype and the broadcast shape of x and the bounds; integer bounds beyond
+    the dtype's range are saturated.
     """
     if not isinstance(x, Array):
         raise DTypeError(f"clip: expected an ember array, got {type(x).__name__}")
@@ -114,8 +114,6 @@ def clip(x, /, min=None, max=None):
         result = function(result, bound)
     if result is x:  # a copy, so that an in-place update of the result leaves x alone
         return bind(OPS["astype"], (x,), {"dtype": x.dtype, "copy": True})
-    if result.shape != x.shape:
-        raise ShapeError(f"clip: bounds would broadcast x of shape {x.shape} to {result.shape}")
     return result
 
 

@@ -31,18 +31,12 @@ class Info:
 
     def dtypes(self, *, device=None, kind=None) -> dict:
         """The dtypes a device supports, by name, optionally only those of ``kind``."""
+        from ._generate import device_dtypes
         target = default_device() if device is None else as_device(device)
-        supported = _supported(target)
+        supported = device_dtypes(target)
         if kind is not None:
             supported = [d for d in supported if dt.isdtype(d, kind)]
         return {d.name: d for d in supported}
-
-
-def _supported(target: Device) -> tuple:
-    backend = getattr(target.engine, "backend", None)
-    if backend is not None:
-        return backend.dtypes
-    return getattr(target.engine, "dtypes", dt.ALL)
 
 
 def __array_namespace_info__() -> Info:

@@ -7,7 +7,7 @@ from typing import NamedTuple
 from .. import dtypes as dt
 from ..array import Array, prefixed
 from ..errors import ShapeError
-from ._generate import from_row, require_array
+from ._generate import accumulating, from_row, require_array
 from .linear_algebra import matmul, matrix_transpose, tensordot, vecdot  # noqa: F401  (also in linalg)
 
 cholesky = from_row("cholesky")
@@ -20,7 +20,7 @@ matrix_norm = from_row("matrix_norm")
 matrix_power = from_row("matrix_power")
 solve = from_row("solve")
 svdvals = from_row("svdvals")
-trace = from_row("trace")
+trace = accumulating(from_row("trace"))
 vector_norm = from_row("vector_norm")
 _pinv = from_row("pinv")
 
