@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ember as em
+from ember.benchmarks.core import chain
 from ember.remote import protocol as wire
 
 from .conftest import REMOTE_SCHEMES
@@ -36,15 +37,6 @@ def nothing_listens(port: int) -> bool:
 @pytest.fixture(params=REMOTE_SCHEMES)
 def remote(request, peer):
     return em.device(peer.url(request.param))
-
-
-def chain(xp, x, n):
-    for _ in range(n // 4):
-        x = x * 1.0001
-        x = x + 0.5
-        x = xp.sin(x)
-        x = x - 0.25
-    return x
 
 
 def test_a_chain_and_one_read_cost_one_round_trip(remote):

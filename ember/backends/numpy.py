@@ -32,8 +32,13 @@ def _floor_divide(x1, x2):
 
 def _expm1(x):
     out = np.expm1(x)
-    if out.dtype.kind == "c":  # NumPy's complex expm1 loses the standard's values at infinities
+    if out.dtype.kind == "c":  # NumPy's complex expm1 loses the standard's values at infinities …
         out = np.where(np.isfinite(x), out, np.exp(x) - 1)
+        zero = (x.real == 0) & (x.imag == 0)
+        if zero.any():  # … and gives -0 for expm1(-0 + 0j), where the standard wants +0
+            exact = np.zeros_like(out)
+            exact.imag = x.imag
+            out = np.where(zero, exact, out)
     return out
 
 
