@@ -70,3 +70,15 @@ def _fmt(value: float, unit: str) -> str:
     if unit == "B/s":
         return f"{value / 1e9:.2f} GB/s"
     return f"{value:.3g} {unit}"
+
+
+def combined_table(reports: list[Report]) -> str:
+    """One table of every suite's rows and notes."""
+    lines = [f"{'suite':<8} {'benchmark':<46} {'ember':>11} {'baseline':>22} {'ratio':>7}  target"]
+    for report in reports:
+        for r in report.rows:
+            lines.append(f"{report.suite:<8} {r.name:<46} {_fmt(r.ember, r.unit):>11} "
+                         f"{r.baseline_name + ' ' + _fmt(r.baseline, r.unit):>22} {r.ratio:>6.2f}x  {r.target}")
+    for report in reports:
+        lines += [f"  {report.suite}: {n}" for n in report.notes]
+    return "\n".join(lines)

@@ -78,12 +78,15 @@ def _bench(args) -> int:
     if unknown:
         print(f"ember bench: unknown suite {unknown[0]!r}; choose from {', '.join(SUITES)}", file=sys.stderr)
         return 2
+    from .benchmarks.timing import combined_table
     reports = []
     for suite in suites:
         print(f"running {suite} …", file=sys.stderr, flush=True)
         report = importlib.import_module(f"ember.benchmarks.{suite}").run(quick=args.quick)
         reports.append(report)
-        print(f"\n[{suite}]\n{report.table()}", flush=True)
+        if len(suites) > 1:
+            print(f"  {suite}: done", file=sys.stderr, flush=True)
+    print(combined_table(reports), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([r.as_dict() for r in reports], f, indent=2)

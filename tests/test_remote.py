@@ -149,7 +149,12 @@ def test_hosting_is_validated_before_binding(spec, message):
 
 def test_autodiff_wrappers_are_stripped_before_hosting():
     from ember.remote.server import hosted_devices
-    assert [str(d) for d in hosted_devices(em.device("numpy"))] == ["numpy"]
+    assert [str(d) for d in hosted_devices(em.autodiff("numpy"))] == ["numpy"]
+    server = em.Server(em.autodiff("numpy"), "127.0.0.1:0").start()
+    try:
+        assert float(em.sum(em.ones(3, device=em.device(f"ember://{server.address}/0")))) == 3.0
+    finally:
+        server.stop()
 
 
 def test_non_loopback_needs_a_token():
