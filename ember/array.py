@@ -13,7 +13,8 @@ import builtins
 import numpy as np
 
 from . import dtypes as dt
-from .devices import Device, default_device, device as as_device
+from .devices import Device, default_device
+from .devices import device as as_device
 from .errors import DeviceError, DTypeError, EmberError, ShapeError, with_prefix
 from .ops.table import Meta, fmt_shape
 

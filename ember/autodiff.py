@@ -13,7 +13,8 @@ import threading
 
 from . import dtypes as dt
 from .array import Array, _new_array
-from .devices import AutodiffDevice, Device, device as as_device
+from .devices import AutodiffDevice, Device
+from .devices import device as as_device
 from .engines.autodiff import Var, grad_enabled, set_grad_enabled
 from .errors import DeviceError, DTypeError, EmberError, NotSupportedError
 from .ops.gradients import NotDifferentiable

@@ -21,7 +21,8 @@ import numpy as np
 
 from . import dtypes as dt
 from .array import Array, _new_array
-from .devices import CaptureDevice, default_device, device as as_device
+from .devices import CaptureDevice, default_device
+from .devices import device as as_device
 from .engines.capture import DataDependentError, Node, NoValueError, ScopeClosedError, UndeclaredInputError
 from .errors import CaptureError, DTypeError, EmberError, NotSupportedError, ProtocolError, ShapeError
 from .ops import OPS

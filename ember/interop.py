@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from .array import Array
-from .devices import Device, device as as_device
+from .devices import Device
+from .devices import device as as_device
 from .errors import DTypeError
 
 

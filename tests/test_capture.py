@@ -12,8 +12,16 @@ from hypothesis import strategies as st
 
 import ember as em
 from ember.array import bind
-from ember.graphs import (DataDependentError, GraphFormatError, NoValueError, OutputError, ScopeActiveError,
-                          ScopeClosedError, TracedBranchError, UndeclaredInputError)
+from ember.graphs import (
+    DataDependentError,
+    GraphFormatError,
+    NoValueError,
+    OutputError,
+    ScopeActiveError,
+    ScopeClosedError,
+    TracedBranchError,
+    UndeclaredInputError,
+)
 from ember.ops import OPS
 
 from .conftest import LOCAL_DEVICES, REMOTE_SCHEMES, torch_available

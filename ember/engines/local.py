@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import operator
+import weakref
+
 import numpy as np
 
 from .. import dtypes as dt
 from ..errors import EmberError, ExecutionError, IndexingError, NotSupportedError
+from ..ops import OPS
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
 
@@ -20,6 +24,7 @@ class LocalEngine(Engine):
         self._dtypes = frozenset(backend.dtypes)
         self._all_dtypes = len(self._dtypes) == len(dt.ALL)  # then results need no dtype check
         self.ops_executed = 0
+        self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def execute(self, op, inputs, in_metas, attrs, metas):
         try:
@@ -60,6 +65,44 @@ class LocalEngine(Engine):
     def native(self, handle):
         return handle
 
+    def compile(self, ops, input_ids, constants: dict, output_ids) -> Plan:
+        """A plan running ``ops`` — ``(row, refs, output ids, attrs)`` records whose refs are node
+        ids or ``(value, dtype name)`` literals — straight through the kernel table: the records
+        were validated once, so a replay pays only for the kernels."""
+        slots: dict = {}
+
+        def slot(key) -> int:
+            return slots.setdefault(key, len(slots))
+
+        preset = [(slot(i), v) for i, v in constants.items()]
+        inputs = [slot(i) for i in input_ids]
+        steps = []
+        for op, refs, outs, attrs in ops:
+            kernel = self._kernels.get(op.name)
+            if kernel is None:
+                raise NotSupportedError(f"{op.name}: not supported on {self.backend.device_name}")
+            args = []
+            for ref in refs:
+                if type(ref) is int:
+                    args.append(slot(ref))
+                else:  # a literal: a preset slot holding its value
+                    literal_slot = len(slots)
+                    slots[("literal", literal_slot)] = literal_slot
+                    preset.append((literal_slot, ref[0]))
+                    args.append(literal_slot)
+            outs = tuple(slot(o) for o in outs)
+            single = outs[0] if len(outs) == 1 and not op.multiple else None
+            steps.append((op, kernel, _getter(args), attrs, single, outs))
+        return Plan(self, steps, len(slots), preset, inputs, [slots[o] for o in output_ids])
+
+    def run_graph(self, graph, inputs: list) -> list:
+        plan = self._plans.get(graph)
+        if plan is None:
+            ops = [(OPS[op.name], op.inputs, op.outputs, op.attrs) for op in graph.ops]
+            plan = self._plans[graph] = self.compile(ops, [i for _, i, _ in graph.inputs], graph.constant_handles(self),
+                                                     [i for _, i in graph.outputs])
+        return plan.run(inputs)
+
     def stats(self) -> dict:
         return {"ops": self.ops_executed, "round_trips": 0, "bytes_up": 0, "bytes_down": 0}
 
@@ -78,3 +121,43 @@ def _translate(error: Exception, name: str, inputs) -> EmberError:
     if isinstance(error, IndexError):
         return IndexingError(message)
     return ExecutionError(message)
+
+
+def _getter(indices: list):
+    """A C-speed function returning the tuple of ``values[i]`` for the given indices."""
+    if len(indices) == 1:
+        index = indices[0]
+        return lambda values: (values[index],)
+    if not indices:
+        return lambda values: ()
+    return operator.itemgetter(*indices)
+
+
+class Plan:
+    """A compiled graph for one local engine: kernels in order over a list of value slots."""
+
+    def __init__(self, engine: LocalEngine, steps: list, n_slots: int, preset: list, inputs: list, outputs: list):
+        self.engine, self.steps, self.n_slots = engine, steps, n_slots
+        self.preset, self.inputs, self.outputs = preset, inputs, outputs
+
+    def run(self, inputs) -> list:
+        values = [None] * self.n_slots
+        for index, value in self.preset:
+            values[index] = value
+        for index, value in zip(self.inputs, inputs):
+            values[index] = value
+        native_type, coerce = self.engine._native_type, self.engine.backend.coerce
+        for op, kernel, fetch, attrs, single, outs in self.steps:
+            try:
+                out = kernel(*fetch(values), **attrs)
+            except EmberError:
+                raise
+            except Exception as error:
+                raise _translate(error, op.name, fetch(values)) from error
+            if single is not None:
+                values[single] = out if type(out) is native_type else coerce(out)
+            else:
+                for index, o in zip(outs, out):
+                    values[index] = o if type(o) is native_type else coerce(o)
+        self.engine.ops_executed += len(self.steps)
+        return [values[i] for i in self.outputs]

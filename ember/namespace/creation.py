@@ -7,7 +7,8 @@ import numpy as np
 from .. import dtypes as dt
 from ..array import Array, bind, prefixed
 from ..backends.numpy import EMBER, NATIVE
-from ..devices import Device, default_device, device as as_device
+from ..devices import Device, default_device
+from ..devices import device as as_device
 from ..errors import ArgumentError, DTypeError
 from ..ops import OPS
 from ..ops.table import Meta

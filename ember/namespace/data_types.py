@@ -5,9 +5,9 @@ from __future__ import annotations
 from .. import dtypes as dt
 from ..array import Array, bind, prefixed
 from ..devices import device as as_device
+from ..dtypes import finfo, iinfo, isdtype  # noqa: F401  (re-exported)
 from ..errors import DTypeError
 from ..ops import OPS
-from ..dtypes import finfo, iinfo, isdtype  # noqa: F401  (re-exported)
 
 __all__ = ["astype", "can_cast", "finfo", "iinfo", "isdtype", "result_type"]
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import dtypes as dt
-from ..devices import Device, default_device, device as as_device
+from ..devices import Device, default_device
+from ..devices import device as as_device
 
 _KINDS = ("bool", "signed integer", "unsigned integer", "integral", "real floating", "complex floating", "numeric")
 

@@ -7,8 +7,20 @@ import math
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, AxisError, ShapeError
-from .table import (REQUIRED, Meta, Op, as_int, broadcast_shapes, define, fmt_shape, normalize_axes, normalize_axis,
-                    reduced_shape, require, require_ndim)
+from .table import (
+    REQUIRED,
+    Meta,
+    Op,
+    as_int,
+    broadcast_shapes,
+    define,
+    fmt_shape,
+    normalize_axes,
+    normalize_axis,
+    reduced_shape,
+    require,
+    require_ndim,
+)
 
 
 def _matmul_meta(x1, x2):

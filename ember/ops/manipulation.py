@@ -7,8 +7,19 @@ import math
 from .. import dtypes as dt
 from ..errors import ArgumentError, AxisError, ShapeError
 from . import samples
-from .table import (REQUIRED, Meta, Op, as_int, as_shape, broadcast_shapes, define, fmt_shape, normalize_axes,
-                    normalize_axis, require_same_dtype)
+from .table import (
+    REQUIRED,
+    Meta,
+    Op,
+    as_int,
+    as_shape,
+    broadcast_shapes,
+    define,
+    fmt_shape,
+    normalize_axes,
+    normalize_axis,
+    require_same_dtype,
+)
 
 
 def _astype_examples(g):

@@ -6,8 +6,7 @@ from __future__ import annotations
 from .. import dtypes as dt
 from ..errors import ArgumentError, ShapeError
 from . import samples
-from .table import (Meta, Op, as_int, define, fmt_shape, normalize_axes, normalize_axis, reduced_shape,
-                    require, require_ndim)
+from .table import Meta, Op, as_int, define, fmt_shape, normalize_axes, normalize_axis, reduced_shape, require, require_ndim
 
 
 def _axes_canon(x, axis, **_):

@@ -14,8 +14,9 @@ attributes are None, bool, int, float, complex, str, DType or tuples of those.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, AxisError, DTypeError, EmberError, ShapeError, with_prefix

@@ -25,7 +25,7 @@ from ..ops.table import Meta
 from . import protocol as wire
 from .protocol import Limits
 
-BATCH_OPS = 256          # send a batch once it holds this many messages …
+BATCH_OPS = 64          # send a batch once it holds this many messages …
 BATCH_SECONDS = 0.002    # … or once its first message is this old
 INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
 DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))

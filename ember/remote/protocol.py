@@ -134,7 +134,7 @@ def frame_size(buffers: list) -> int:
     return sum(memoryview(b).nbytes for b in buffers)
 
 
-def _segment_arrays(descriptors, limits: Limits) -> list[np.ndarray]:
+def _segment_arrays(descriptors, limits: Limits, allocate=np.empty) -> list[np.ndarray]:
     if not isinstance(descriptors, tuple):
         raise ProtocolError("'seg' must be a list of [dtype, shape]")
     arrays = []
@@ -150,7 +150,7 @@ def _segment_arrays(descriptors, limits: Limits) -> list[np.ndarray]:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > limits.max_tensor_bytes:
             raise ProtocolError(f"a tensor of {nbytes} bytes exceeds the limit of {limits.max_tensor_bytes} bytes")
-        arrays.append(np.empty(shape, dtype))
+        arrays.append(allocate(shape, dtype))
     return arrays
 
 
@@ -162,8 +162,9 @@ class FrameReader:
     directly in the arrays the frame returns: no intermediate copies.
     """
 
-    def __init__(self, limits: Limits = Limits()):
+    def __init__(self, limits: Limits = Limits(), allocate=np.empty):
         self.limits = limits
+        self.allocate = allocate  # (shape, dtype) -> array: where received tensors are put
         self._reset()
 
     def _reset(self):
@@ -195,6 +196,12 @@ class FrameReader:
         """Copy ``data`` into the stream (for message transports such as WebSocket)."""
         data = memoryview(data).cast("B")
         frames = []
+        while self._stage == "prefix" and not self._filled and data.nbytes >= PREFIX_SIZE:
+            frame, used = self._whole_frame(data)  # the common case: small frames that arrive whole
+            if frame is None:
+                break
+            frames.append(frame)
+            data = data[used:]
         while data.nbytes:
             target = self.buffer()
             n = min(target.nbytes, data.nbytes)
@@ -203,16 +210,40 @@ class FrameReader:
             frames += self.advance(n)
         return frames
 
+    def _check_prefix(self, magic, header_len: int, payload: int) -> None:
+        limits = self.limits
+        if magic != MAGIC:
+            raise ProtocolError(f"bad frame magic {bytes(magic)!r}: not an ember peer")
+        if header_len > limits.max_header_bytes:
+            raise ProtocolError(f"a header of {header_len} bytes exceeds the limit of {limits.max_header_bytes}")
+        if payload + header_len > limits.max_frame_bytes:
+            raise ProtocolError(f"a frame of {payload + header_len} bytes exceeds the limit of {limits.max_frame_bytes}")
+
+    def _whole_frame(self, data: memoryview) -> tuple[Frame | None, int]:
+        """Parse a frame that lies entirely in ``data``: (frame, bytes used), or (None, 0)."""
+        magic, header_len, payload = _PREFIX.unpack_from(data)
+        self._check_prefix(magic, header_len, payload)
+        end = PREFIX_SIZE + header_len + payload
+        if data.nbytes < end:
+            return None, 0
+        header = unpack(data[PREFIX_SIZE:PREFIX_SIZE + header_len]) if header_len else {}
+        if not isinstance(header, dict):
+            raise ProtocolError("a frame header must be a map")
+        arrays = _segment_arrays(header.get("seg", ()), self.limits, self.allocate)
+        offset = PREFIX_SIZE + header_len
+        if sum(a.nbytes for a in arrays) != payload:
+            raise ProtocolError(f"segments disagree with the payload length {payload}")
+        for a in arrays:
+            if a.nbytes:
+                a.reshape(-1).view(np.uint8)[:] = data[offset:offset + a.nbytes]
+                offset += a.nbytes
+        return Frame(header, arrays), end
+
     def _next_stage(self) -> Frame | None:
         limits = self.limits
         if self._stage == "prefix":
             magic, header_len, payload = _PREFIX.unpack(self._target)
-            if magic != MAGIC:
-                raise ProtocolError(f"bad frame magic {bytes(magic)!r}: not an ember peer")
-            if header_len > limits.max_header_bytes:
-                raise ProtocolError(f"a header of {header_len} bytes exceeds the limit of {limits.max_header_bytes}")
-            if payload + header_len > limits.max_frame_bytes:
-                raise ProtocolError(f"a frame of {payload + header_len} bytes exceeds the limit of {limits.max_frame_bytes}")
+            self._check_prefix(magic, header_len, payload)
             self._payload = payload
             self._stage, self._target, self._filled = "header", memoryview(bytearray(header_len)), 0
             return None if header_len else self._next_stage()
@@ -221,7 +252,7 @@ class FrameReader:
             if not isinstance(header, dict):
                 raise ProtocolError("a frame header must be a map")
             self._header = header
-            self._arrays = _segment_arrays(header.get("seg", ()), limits)
+            self._arrays = _segment_arrays(header.get("seg", ()), limits, self.allocate)
             total = sum(a.nbytes for a in self._arrays)
             if total != self._payload:
                 raise ProtocolError(f"segments of {total} bytes disagree with the payload length {self._payload}")

@@ -13,11 +13,15 @@ import ipaddress
 import logging
 import math
 import socket
+import sys
 import threading
 import uuid
 
+import numpy as np
+
 from .. import dtypes as dt
-from ..devices import Device, LocalDevice, device as as_device
+from ..devices import LocalDevice
+from ..devices import device as as_device
 from ..engines.local import LocalEngine
 from ..errors import ArgumentError, EmberError, HostDeviceError, ProtocolError
 from ..ops import OPS
@@ -77,6 +81,42 @@ def is_loopback(host: str) -> bool:
 _SCALAR_METAS = {d.name: Meta((), d) for d in dt.ALL}
 
 
+class BufferPool:
+    """Keeps the buffers of freed received tensors for the next upload of the same size (a
+    caching allocator): a fresh 256 MiB buffer costs tens of milliseconds of page faults that a
+    reused one does not. A buffer is kept only when nothing else refers to it."""
+
+    def __init__(self, capacity: int = 1 << 30, minimum: int = 1 << 20):
+        self.capacity, self.minimum = capacity, minimum
+        self.free: dict[int, list] = {}
+        self.total = 0
+
+    def allocate(self, shape: tuple, dtype) -> np.ndarray:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.minimum:
+            return np.empty(shape, dtype)
+        stack = self.free.get(nbytes)
+        if stack:
+            buffer = stack.pop()
+            self.total -= nbytes
+        else:
+            buffer = np.empty(nbytes, np.uint8)
+        return buffer.view(dtype).reshape(shape)
+
+    def release(self, array) -> None:
+        """Offer ``array`` (just removed from a session) for reuse."""
+        if type(array) is not np.ndarray:
+            return
+        root = array.base
+        if type(root) is not np.ndarray or root.dtype != np.uint8 or root.ndim != 1 or root.nbytes < self.minimum:
+            return
+        # held only by the caller, this call and getrefcount: no view or other tensor shares it
+        if sys.getrefcount(array) > 3 or sys.getrefcount(root) > 3 or self.total + root.nbytes > self.capacity:
+            return
+        self.free.setdefault(root.nbytes, []).append(root)
+        self.total += root.nbytes
+
+
 class Poison:
     """What a failed op leaves in its outputs: the error, raised where they are read."""
 
@@ -94,8 +134,10 @@ class Session:
     """One client's session, without I/O: :meth:`handle` takes a frame and returns the reply
     frames to send (header, segments)."""
 
-    def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry | None = None):
+    def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry | None = None,
+                 pool: BufferPool | None = None):
         self.engine = engine
+        self.pool = pool or BufferPool()
         self.limits = limits
         self.registry = registry
         self.tensors: dict[int, object] = {}   # id -> native array or Poison
@@ -218,7 +260,11 @@ class Session:
         tid, index = body
         host = frame_segments[index]
         from ..backends.numpy import EMBER
-        self._store(tid, self.engine.upload(host), Meta(tuple(host.shape), EMBER[host.dtype]))
+        handle = self.engine.upload(host)
+        self._store(tid, handle, Meta(tuple(host.shape), EMBER[host.dtype]))
+        if handle is not host:  # the backend copied it (to a GPU): the buffer can serve the next upload
+            frame_segments[index] = None
+            self.pool.release(host)
 
     def _read(self, tid, rid, replies) -> object | None:
         value = self.tensors.get(tid) if isinstance(tid, int) else None
@@ -257,9 +303,12 @@ class Session:
 
     def _drop(self, body, frame_segments, replies, segments) -> None:
         (ids,) = body
+        release = self.pool.release
         for tid in ids:
-            self.tensors.pop(tid, None)
+            value = self.tensors.pop(tid, None)
             self.metas.pop(tid, None)
+            release(value)
+            del value
 
     def _stats(self, body, frame_segments, replies, segments) -> None:
         (rid,) = body
@@ -278,7 +327,7 @@ class Session:
             from ..backends.numpy import EMBER
             values[tid] = self.engine.upload(host)
             known[tid] = Meta(tuple(host.shape), EMBER[host.dtype])
-        plan, error = [], None
+        records, error, plan = [], None, None
         try:  # validate the whole graph once: every row's meta rule, every size limit
             for name, refs, outs, attrs in ops:
                 op = OPS.get(name) if type(name) is str else None
@@ -288,16 +337,19 @@ class Session:
                 full, out_metas = op.infer(in_metas, self._full_attrs(op, attrs))
                 if len(out_metas) != len(outs):
                     raise ProtocolError(f"{name}: {len(outs)} output ids for {len(out_metas)} outputs")
+                if any(None in m.shape for m in out_metas):
+                    raise ProtocolError(f"{name}: data-dependent shapes cannot be part of a graph")
                 self._check_size(name, out_metas)
-                plan.append((op, tuple(r if type(r) is int else r[0] for r in refs), tuple(type(r) is int for r in refs),
-                             tuple(outs), full, in_metas, out_metas))
+                records.append((op, tuple(refs), tuple(outs), full))
                 known.update(zip(outs, out_metas))
             missing = [o for o in outputs if o not in known]
             if missing:
                 raise ProtocolError(f"graph output {missing[0]} is not produced by the graph")
+            plan = self.engine.compile(records, [tid for tid, _, _ in inputs], values, outputs)
         except Exception as failure:
             error = Poison(_error_kind(failure), f"graph: {failure}")
-        self.graphs[gid] = (tuple((tid, known[tid]) for tid, _, _ in inputs), tuple(outputs), plan, values, error)
+        input_metas = tuple((tid, known[tid]) for tid, _, _ in inputs) if error is None else ()
+        self.graphs[gid] = (input_metas, tuple(outputs), plan, {o: known.get(o) for o in outputs}, error)
 
     def _run(self, body, frame_segments, replies, segments) -> None:
         gid, input_ids, output_ids = body
@@ -305,13 +357,13 @@ class Session:
         if graph is None:
             self._poison(output_ids, "ExecutionError", f"run: unknown graph {gid!r}")
             return
-        inputs, outputs, plan, constants, error = graph
+        inputs, outputs, plan, out_metas, error = graph
         if error is not None:
             for tid in output_ids:
                 self._store(tid, error, None)
             self.unreported.append(error)
             return
-        env = dict(constants)
+        values = []
         for (node, meta), tid in zip(inputs, input_ids):
             value = self.tensors.get(tid)
             if value is None or type(value) is Poison:
@@ -323,31 +375,15 @@ class Session:
                 self._poison(output_ids, "ShapeError", f"run: input {node} expects {meta.shape} {meta.dtype}, "
                                                         f"got {self.metas[tid].shape} {self.metas[tid].dtype}")
                 return
-            env[node] = value
-        execute = self.engine.execute
-        for op, refs, is_node, outs, attrs, in_metas, out_metas in plan:
-            handles = tuple(env[r] if node else r for r, node in zip(refs, is_node))
-            try:
-                values, _ = execute(op, handles, in_metas, attrs, out_metas)
-            except Exception as failure:
-                self._poison(output_ids, _error_kind(failure), str(failure))
-                return
-            env.update(zip(outs, values))
-        self.ops += len(plan)
-        for tid, node in zip(output_ids, outputs):
-            self._store(tid, env[node], self._graph_meta(plan, inputs, constants, node))
-
-    @staticmethod
-    def _graph_meta(plan, inputs, constants, node) -> Meta:
-        for _, _, _, outs, _, _, out_metas in plan:
-            if node in outs:
-                return out_metas[outs.index(node)]
-        for tid, meta in inputs:
-            if tid == node:
-                return meta
-        from ..backends.numpy import EMBER
-        value = constants[node]
-        return Meta(tuple(value.shape), EMBER[value.dtype])
+            values.append(value)
+        try:
+            results = plan.run(values)
+        except Exception as failure:
+            self._poison(output_ids, _error_kind(failure), str(failure))
+            return
+        self.ops += len(plan.steps)
+        for tid, node, value in zip(output_ids, outputs, results):
+            self._store(tid, value, out_metas[node])
 
     def _forget(self, body, frame_segments, replies, segments) -> None:
         (gid,) = body
@@ -480,10 +516,12 @@ class Server:
         try:
             sock.settimeout(10)  # the handshake must come promptly
             first = sock.recv(4, socket.MSG_PEEK)
-            connection = accept_websocket(sock, self.limits) if first == b"GET " else TcpConnection(sock, self.limits, 10)
+            pool = BufferPool()
+            connection = accept_websocket(sock, self.limits, pool.allocate) if first == b"GET " else \
+                TcpConnection(sock, self.limits, 10, pool.allocate)
             with self._lock:
                 self._connections.add(connection)
-            session = self._handshake(connection)
+            session = self._handshake(connection, pool)
             if session is None:
                 return
             sock.settimeout(self.timeout)
@@ -518,7 +556,7 @@ class Server:
             with self._lock:
                 self._threads.discard(threading.current_thread())
 
-    def _handshake(self, connection) -> Session | None:
+    def _handshake(self, connection, pool: BufferPool) -> Session | None:
         frame = connection.receive()
         header = frame.header
         if header.get("t") != "init":
@@ -543,7 +581,7 @@ class Server:
             return None
         hosted = self.devices[index]
         engine = LocalEngine(hosted.engine.backend)
-        session = Session(engine, self.limits, self.registry)
+        session = Session(engine, self.limits, self.registry, pool)
         with self.registry.lock:
             self.registry.sessions.add(session)
         connection.send(wire.encode_frame({

@@ -31,11 +31,11 @@ class TcpConnection:
 
     transport = "tcp"
 
-    def __init__(self, sock: socket.socket, limits: Limits = Limits(), timeout: float | None = None):
+    def __init__(self, sock: socket.socket, limits: Limits = Limits(), timeout: float | None = None, allocate=None):
         tune(sock)
         sock.settimeout(timeout)
         self.sock = sock
-        self.reader = FrameReader(limits)
+        self.reader = FrameReader(limits, allocate) if allocate else FrameReader(limits)
         self._frames: deque[Frame] = deque()
         self._scratch = bytearray(_DIRECT)
         self._closed = False
@@ -74,7 +74,7 @@ class TcpConnection:
                 else:
                     n = self.sock.recv_into(self._scratch)
                     frames = self.reader.feed(memoryview(self._scratch)[:n]) if n else None
-            except socket.timeout:
+            except TimeoutError:
                 raise ConnectionLost("timed out waiting for the peer") from None
             except OSError as error:
                 raise ConnectionLost(f"connection lost: {error}") from None

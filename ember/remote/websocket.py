@@ -21,7 +21,8 @@ from ..errors import ConnectionLost, ProtocolError
 from .protocol import Frame, FrameReader, Limits
 from .tcp import tune
 
-_CHUNK = 1 << 20
+_CHUNK = 4 << 20
+_FRAGMENT = 4 << 20
 
 
 class WebSocketConnection:
@@ -29,12 +30,11 @@ class WebSocketConnection:
 
     transport = "websocket"
 
-    def __init__(self, sock: socket.socket, protocol, limits: Limits = Limits()):
+    def __init__(self, sock: socket.socket, protocol, limits: Limits = Limits(), allocate=None):
         self.sock = sock
         self.protocol = protocol
-        self.reader = FrameReader(limits)
+        self.reader = FrameReader(limits, allocate) if allocate else FrameReader(limits)
         self._frames: deque[Frame] = deque()
-        self._parts: list[bytes] = []
         self._closed = False
         self._peer_closed = False
 
@@ -51,15 +51,36 @@ class WebSocketConnection:
                 raise ConnectionLost(f"connection lost while sending: {error}") from None
 
     def send(self, buffers: list) -> int:
-        message = b"".join(memoryview(b).cast("B") for b in buffers)
-        self.protocol.send_binary(message)
-        self._flush()
-        return len(message)
+        """One binary message per frame, sent in fragments of at most 4 MiB (no giant joins)."""
+        views = [memoryview(b).cast("B") for b in buffers]
+        total = sum(v.nbytes for v in views)
+        chunks = []
+        for v in views:
+            chunks.extend(v[i:i + _FRAGMENT] for i in range(0, v.nbytes, _FRAGMENT))
+        pending, size = [], 0
+        first = True
+        for k, chunk in enumerate(chunks):
+            pending.append(chunk)
+            size += chunk.nbytes
+            last = k == len(chunks) - 1
+            if size >= _FRAGMENT or last:
+                data = b"".join(pending)
+                if first:
+                    self.protocol.send_binary(data, fin=last)
+                    first = False
+                else:
+                    self.protocol.send_continuation(data, fin=last)
+                self._flush()
+                pending, size = [], 0
+        if first:  # an empty frame
+            self.protocol.send_binary(b"")
+            self._flush()
+        return total
 
     def _pump(self) -> list:
         try:
             data = self.sock.recv(_CHUNK)
-        except socket.timeout:
+        except TimeoutError:
             raise ConnectionLost("timed out waiting for the peer") from None
         except OSError as error:
             raise ConnectionLost(f"connection lost: {error}") from None
@@ -79,10 +100,7 @@ class WebSocketConnection:
                 raise ConnectionLost("the peer closed the WebSocket")
             for event in self._pump():
                 if getattr(event, "opcode", None) in (Opcode.BINARY, Opcode.CONT):
-                    self._parts.append(event.data)
-                    if event.fin:
-                        message, self._parts = b"".join(self._parts), []
-                        self._frames.extend(self.reader.feed(message))
+                    self._frames.extend(self.reader.feed(event.data))  # fragments go straight to the reader
                 elif getattr(event, "opcode", None) == Opcode.TEXT:
                     raise ProtocolError("text WebSocket messages are not part of the ember protocol")
                 elif getattr(event, "opcode", None) == Opcode.CLOSE:
@@ -123,10 +141,10 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
                 return connection
 
 
-def accept(sock: socket.socket, limits: Limits = Limits()) -> WebSocketConnection:
+def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None) -> WebSocketConnection:
     """Complete the WebSocket opening handshake of an accepted socket."""
     protocol = ServerProtocol(max_size=limits.max_frame_bytes + limits.max_header_bytes)
-    connection = WebSocketConnection(sock, protocol, limits)
+    connection = WebSocketConnection(sock, protocol, limits, allocate)
     while True:
         for event in connection._pump():
             if isinstance(event, Request):
