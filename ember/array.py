@@ -247,8 +247,9 @@ def bind(op, inputs: tuple, attrs: dict, device: Device | None = None, literal_d
             metas.append(SCALAR_METAS[literal_dtype])
             handles.append(value)
         else:
+            convertible = hasattr(value, "__array__") or isinstance(value, (list, tuple))
             raise DTypeError(f"{op.name}: expected an ember array, got {type(value).__name__}"
-                             + (" (convert it with ember.asarray)" if hasattr(value, "__array__") or isinstance(value, (list, tuple)) else ""))
+                             + (" (convert it with ember.asarray)" if convertible else ""))
     if device is None:
         device = default_device()
     metas = tuple(metas)

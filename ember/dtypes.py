@@ -78,6 +78,9 @@ _CATEGORIES = {
 }
 
 
+_STANDARD_KINDS = ("bool", "signed integer", "unsigned integer", "integral", "real floating", "complex floating", "numeric")
+
+
 def in_category(dtype: DType, category: str) -> bool:
     """Whether ``dtype`` belongs to a named category ("numeric", "real floating", …)."""
     return dtype.kind in _CATEGORIES[category]
@@ -91,7 +94,7 @@ def isdtype(dtype: DType, kind) -> bool:
         return any(isdtype(dtype, k) for k in kind)
     if isinstance(kind, DType):
         return dtype is kind
-    if isinstance(kind, str) and kind in _CATEGORIES and kind not in ("floating", "real numeric", "integral or bool", "real", "any"):
+    if isinstance(kind, str) and kind in _STANDARD_KINDS:
         return dtype.kind in _CATEGORIES[kind]
     raise DTypeError(f"isdtype: unknown kind {kind!r}")
 

@@ -146,7 +146,7 @@ class CapturedGraph:
         lines = [f"CapturedGraph: {len(self.ops)} ops, {len(self.inputs)} inputs, {len(self.outputs)} outputs, "
                  f"{len(self.constants)} constants ({_bytes(self.constant_bytes())}), ~{_count(self.flops())} flops"]
         shown = 6  # a summary, not a listing: to_json() has everything
-        for name, node, meta in self.inputs[:shown]:
+        for name, _, meta in self.inputs[:shown]:
             lines.append(f"  input  {name}: {fmt_shape(meta.shape)} {meta.dtype}")
         if len(self.inputs) > shown:
             lines.append(f"  … and {len(self.inputs) - shown} more inputs")
@@ -159,7 +159,8 @@ class CapturedGraph:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"<CapturedGraph {len(self.ops)} ops, inputs {[n for n, _, _ in self.inputs]}, outputs {[n for n, _ in self.outputs]}>"
+        inputs, outputs = [n for n, _, _ in self.inputs], [n for n, _ in self.outputs]
+        return f"<CapturedGraph {len(self.ops)} ops, inputs {inputs}, outputs {outputs}>"
 
     def to_dot(self) -> str:
         """The graph in Graphviz's DOT language."""
@@ -171,7 +172,7 @@ class CapturedGraph:
         for name, node, meta in self.inputs:
             lines.append(f'  n{node} [shape=ellipse, style=filled, fillcolor="#dbeafe", label="{name}\\n{label(meta)}"];')
             producer[node] = f"n{node}"
-        for node, value in self.constants.items():
+        for node in self.constants:
             lines.append(f'  n{node} [shape=note, label="constant\\n{label(self.metas[node])}"];')
             producer[node] = f"n{node}"
         for k, op in enumerate(self.ops):

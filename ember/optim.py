@@ -59,7 +59,8 @@ class SGD(Optimizer):
     def __init__(self, params=None, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0):
         super().__init__(params)
         if lr <= 0 or momentum < 0 or weight_decay < 0:
-            raise ArgumentError(f"SGD: lr must be positive, momentum and weight_decay non-negative; got {lr}, {momentum}, {weight_decay}")
+            raise ArgumentError(f"SGD: lr must be positive, momentum and weight_decay non-negative; "
+                                f"got {lr}, {momentum}, {weight_decay}")
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
 
     def init(self, params):

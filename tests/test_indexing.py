@@ -53,7 +53,8 @@ def test_getitem_matches_numpy(device_name, case):
 
 def _unique_integer_arrays(key):
     arrays = key if isinstance(key, tuple) else (key,)
-    return all(not isinstance(k, np.ndarray) or k.dtype == np.bool_ for k in arrays) or len(arrays) == 1 and len(np.unique(arrays[0])) == arrays[0].size
+    no_integer_arrays = all(not isinstance(k, np.ndarray) or k.dtype == np.bool_ for k in arrays)
+    return no_integer_arrays or len(arrays) == 1 and len(np.unique(arrays[0])) == arrays[0].size
 
 
 @pytest.mark.parametrize("device_name", LOCAL_DEVICES)

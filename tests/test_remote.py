@@ -223,7 +223,8 @@ CLIENT = textwrap.dedent("""
 def test_client_killed_mid_stream_frees_its_tensors(peer):
     observer = em.device(peer.url("ws"))
     base = observer.engine.peer_stats()["live_tensors"]
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, peer.url()], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, peer.url()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     try:
         assert client.stdout.readline().strip() == "ready"
         assert observer.engine.peer_stats()["live_tensors"] >= base + 50
@@ -259,7 +260,7 @@ def test_sixteen_concurrent_clients(peer):
     clients = [subprocess.Popen([sys.executable, "-c", CHAIN_CLIENT, peer.url(("ember", "ws")[k % 2]), str(k)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(16)]
     results = []
-    for k, client in enumerate(clients):
+    for client in clients:
         out, err = client.communicate(timeout=300)
         results.append((client.returncode, out.strip(), err[-500:]))
     assert all(code == 0 and out == f"ok {k}" for k, (code, out, _) in enumerate(results)), results

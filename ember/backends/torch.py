@@ -432,7 +432,8 @@ def _creation_kernels(device: torch.device) -> dict:
         "full": lambda shape, fill_value, dtype: torch.full(shape, fill_value, dtype=NATIVE[dtype], device=device),
         "empty": lambda shape, dtype: torch.empty(shape, dtype=NATIVE[dtype], device=device),
         "eye": lambda n_rows, n_cols, k, dtype: compat.eye(n_rows, n_cols, k=k, dtype=NATIVE[dtype], device=device),
-        "linspace": lambda start, stop, num, dtype, endpoint: compat.linspace(start, stop, num, dtype=NATIVE[dtype], device=device, endpoint=endpoint),
+        "linspace": lambda start, stop, num, dtype, endpoint: compat.linspace(
+            start, stop, num, dtype=NATIVE[dtype], device=device, endpoint=endpoint),
         "fftfreq": lambda n, d, dtype: torch.fft.fftfreq(n, d, dtype=NATIVE[dtype], device=device),
         "rfftfreq": lambda n, d, dtype: torch.fft.rfftfreq(n, d, dtype=NATIVE[dtype], device=device),
     }

@@ -64,15 +64,21 @@ def _full_canon(shape, fill_value, dtype):
     return {"shape": as_shape(shape), "dtype": dtype}
 
 
-define(Op("full", (), {"shape": REQUIRED, "fill_value": REQUIRED, "dtype": None}, lambda shape, fill_value, dtype: Meta(shape, dtype),
-          _full_canon, family="creation",
-          examples=lambda g: (lambda d: ((), {"shape": g.shape(), "fill_value": g.choice({dt.BOOL: [True, False]}.get(d.kind, [0, 1, 7])), "dtype": d}))(g.dtype("any")),
+def _full_examples(g):
+    dtype = g.dtype("any")
+    fill = g.choice([True, False] if dtype.kind == dt.BOOL else [0, 1, 7])
+    return (), {"shape": g.shape(), "fill_value": fill, "dtype": dtype}
+
+
+define(Op("full", (), {"shape": REQUIRED, "fill_value": REQUIRED, "dtype": None},
+          lambda shape, fill_value, dtype: Meta(shape, dtype), _full_canon, family="creation", examples=_full_examples,
           bad_examples=lambda g: ((), {"shape": (2,), "fill_value": 1.5, "dtype": dt.int32}, DTypeError),
           doc="An array of shape filled with fill_value."))
 
 define(Op("empty", (), {"shape": REQUIRED, "dtype": None}, lambda shape, dtype: Meta(shape, dtype),
           lambda shape, dtype: {"shape": as_shape(shape), "dtype": dtype or dt.default_float}, family="creation",
-          examples=lambda g: ((), {"shape": g.shape(), "dtype": g.dtype("any")}), determined=(), bad_examples=lambda g: ((), {"shape": (-1,), "dtype": None}, ValueError),
+          examples=lambda g: ((), {"shape": g.shape(), "dtype": g.dtype("any")}), determined=(),
+          bad_examples=lambda g: ((), {"shape": (-1,), "dtype": None}, ValueError),
           doc="An uninitialised array of shape."))
 
 
@@ -87,7 +93,8 @@ def _eye_canon(n_rows, n_cols, k, dtype):
 define(Op("eye", (), {"n_rows": REQUIRED, "n_cols": None, "k": 0, "dtype": None},
           lambda n_rows, n_cols, k, dtype: Meta((n_rows, n_cols), dtype), _eye_canon, family="creation",
           positional=("n_rows", "/", "n_cols"),
-          examples=lambda g: ((), {"n_rows": g.integer(0, 4), "n_cols": g.choice([None, g.integer(0, 4)]), "k": g.integer(-3, 3), "dtype": g.dtype("any")}),
+          examples=lambda g: ((), {"n_rows": g.integer(0, 4), "n_cols": g.choice([None, g.integer(0, 4)]),
+                                   "k": g.integer(-3, 3), "dtype": g.dtype("any")}),
           bad_examples=lambda g: ((), {"n_rows": -2, "n_cols": None, "k": 0, "dtype": None}, ArgumentError),
           doc="Ones on the k-th diagonal, zeros elsewhere."))
 
@@ -109,7 +116,8 @@ def _linspace_canon(start, stop, num, dtype, endpoint):
 define(Op("linspace", (), {"start": REQUIRED, "stop": REQUIRED, "num": REQUIRED, "dtype": None, "endpoint": True},
           lambda start, stop, num, dtype, endpoint: Meta((num,), dtype), _linspace_canon, family="creation",
           positional=("start", "stop", "/", "num"),
-          examples=lambda g: ((), {"start": g.integer(-5, 5), "stop": g.integer(-5, 5), "num": g.integer(0, 6), "dtype": g.dtype("floating"), "endpoint": g.flag()}),
+          examples=lambda g: ((), {"start": g.integer(-5, 5), "stop": g.integer(-5, 5), "num": g.integer(0, 6),
+                                   "dtype": g.dtype("floating"), "endpoint": g.flag()}),
           bad_examples=lambda g: ((), {"start": 0, "stop": 1, "num": -1, "dtype": None, "endpoint": True}, ArgumentError),
           doc="num evenly spaced values from start to stop."))
 

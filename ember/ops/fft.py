@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, ShapeError
-from .table import REQUIRED, Meta, Op, as_int, define, fmt_shape, normalize_axis, require
+from .table import REQUIRED, Meta, Op, as_int, define, fmt_shape, normalize_axes, normalize_axis, require
 
 _NORMS = ("backward", "ortho", "forward")
 # (input category, output dtype from input dtype, output length from (n, input length))
@@ -82,7 +82,8 @@ def _transform_examples(kind):
         x = g.array(shape, g.dtype(category), low=-3, high=3)
         if kind.endswith("n"):
             return (x,), {"s": None, "axes": None, "norm": g.choice(_NORMS)}
-        return (x,), {"n": g.choice([None, g.integer(1, 6)]), "axis": g.integer(-len(shape), len(shape) - 1), "norm": g.choice(_NORMS)}
+        axis = g.integer(-len(shape), len(shape) - 1)
+        return (x,), {"n": g.choice([None, g.integer(1, 6)]), "axis": axis, "norm": g.choice(_NORMS)}
     return recipe
 
 
@@ -110,13 +111,14 @@ def _freq_canon(n, d, dtype):
 for _name, _length in (("fftfreq", lambda n: n), ("rfftfreq", lambda n: n // 2 + 1)):
     define(Op(_name, (), {"n": REQUIRED, "d": 1.0, "dtype": None},
               (lambda length: lambda n, d, dtype: Meta((length(n),), dtype))(_length), _freq_canon, family="fft",
-              positional=("n", "/"), examples=lambda g: ((), {"n": g.integer(1, 8), "d": g.choice([1.0, 0.5]), "dtype": g.dtype("real floating")}),
+              positional=("n", "/"),
+              examples=lambda g: ((), {"n": g.integer(1, 8), "d": g.choice([1.0, 0.5]), "dtype": g.dtype("real floating")}),
               bad_examples=lambda g: ((), {"n": 0, "d": 1.0, "dtype": None}, ArgumentError),
               doc=f"Sample frequencies of {_name[:-4]}."))
 
 for _name in ("fftshift", "ifftshift"):
     define(Op(_name, ("x",), {"axes": None}, lambda x, axes: Meta(x.shape, x.dtype),
-              lambda x, axes: {"axes": tuple(range(x.ndim)) if axes is None else tuple(normalize_axis(a, x.ndim) for a in ((axes,) if isinstance(axes, int) else axes))},
+              lambda x, axes: {"axes": tuple(range(x.ndim)) if axes is None else normalize_axes(axes, x.ndim)},
               family="fft", examples=lambda g: ((g.array(g.shape(), g.dtype("floating")),), {"axes": None}),
               doc=f"{'Shift' if _name == 'fftshift' else 'Undo the shift of'} the zero frequency to the centre."))
 

@@ -95,7 +95,8 @@ def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
     try:
         broadcast = broadcast_shapes(*advanced)
     except ShapeError:
-        raise IndexingError(f"index arrays of shapes {', '.join(fmt_shape(s) for s in advanced)} cannot be broadcast together") from None
+        shapes = ", ".join(fmt_shape(s) for s in advanced)
+        raise IndexingError(f"index arrays of shapes {shapes} cannot be broadcast together") from None
     at = advanced_at[0] if _adjacent(key) else 0
     return tuple(out[:at]) + broadcast + tuple(out[at:])
 
@@ -118,7 +119,8 @@ def _getitem_examples(g):
     leading_ellipsis = g.flag()  # "..., items" index the last k axes; "items, ..." the first k
     key = []
     for size in (shape[-k:] if leading_ellipsis else shape[:k]):
-        key.append(g.choice([g.integer(-size, size - 1), ("s", g.choice([None, 0, 1]), g.choice([None, size, -1]), g.choice([None, 1, 2, -1]))]))
+        a_slice = ("s", g.choice([None, 0, 1]), g.choice([None, size, -1]), g.choice([None, 1, 2, -1]))
+        key.append(g.choice([g.integer(-size, size - 1), a_slice]))
     for _ in range(g.integer(0, 2)):
         key.insert(g.integer(0, len(key)), None)
     if leading_ellipsis:
@@ -184,9 +186,11 @@ def _take_along_meta(x, indices, axis):
         raise ShapeError(f"indices of shape {fmt_shape(indices.shape)} must have the rank of x {fmt_shape(x.shape)}")
     axis = normalize_axis(axis, x.ndim)
     try:
-        shape = broadcast_shapes(x.shape[:axis] + (1,) + x.shape[axis + 1:], indices.shape[:axis] + (1,) + indices.shape[axis + 1:])
+        shape = broadcast_shapes(x.shape[:axis] + (1,) + x.shape[axis + 1:],
+                                 indices.shape[:axis] + (1,) + indices.shape[axis + 1:])
     except ShapeError:
-        raise ShapeError(f"indices of shape {fmt_shape(indices.shape)} do not broadcast with x {fmt_shape(x.shape)} beside axis {axis}") from None
+        raise ShapeError(f"indices of shape {fmt_shape(indices.shape)} do not broadcast with x {fmt_shape(x.shape)} "
+                         f"beside axis {axis}") from None
     return Meta(shape[:axis] + (indices.shape[axis],) + shape[axis + 1:], x.dtype)
 
 
@@ -200,7 +204,8 @@ def _take_along_examples(g):
 
 define(Op("take_along_axis", ("x", "indices"), {"axis": -1}, _take_along_meta, family="indexing",
           examples=_take_along_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": -1}, ShapeError),
+          bad_examples=lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": -1},
+                                  ShapeError),
           doc="Elements of x at indices matched along axis."))
 
 
@@ -222,7 +227,8 @@ def _scatter_add_examples(g):
 
 define(Op("scatter_add", ("x", "indices", "values"), {}, _scatter_add_meta, family="indexing",
           examples=_scatter_add_examples,
-          bad_examples=lambda g: ((g.array((3,), dt.float64), g.array((2,), dt.int64, low=0, high=2), g.array((3,), dt.float64)), {}, ShapeError),
+          bad_examples=lambda g: ((g.array((3,), dt.float64), g.array((2,), dt.int64, low=0, high=2),
+                                   g.array((3,), dt.float64)), {}, ShapeError),
           doc="A copy of the 1-d x with values added at indices (repeated indices accumulate); not in the "
               "standard — the adjoint of gathers."))
 

@@ -36,7 +36,8 @@ def _matmul_meta(x1, x2):
     try:
         batch = broadcast_shapes(a[:-2], b[:-2])
     except ShapeError:
-        raise ShapeError(f"batch shapes of {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} cannot be broadcast together") from None
+        raise ShapeError(f"batch shapes of {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} cannot be broadcast "
+                         f"together") from None
     shape = batch + ((a[-2],) if x1.ndim > 1 else ()) + ((b[-1],) if x2.ndim > 1 else ())
     return Meta(shape, dtype)
 
@@ -55,7 +56,8 @@ def _misaligned(g):
     return (g.array((3, 4), dtype), g.array((5, 2), dtype)), {}, ShapeError
 
 
-define(Op("matmul", ("x1", "x2"), {}, _matmul_meta, promote_inputs=True, flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * ins[0].shape[-1], family="linear algebra", examples=_matmul_examples,
+define(Op("matmul", ("x1", "x2"), {}, _matmul_meta, promote_inputs=True, family="linear algebra", examples=_matmul_examples,
+          flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * ins[0].shape[-1],
           bad_examples=_misaligned, doc="Matrix product with NumPy's rules for 1-d operands and batches."))
 
 
@@ -82,19 +84,23 @@ def _tensordot_meta(x1, x2, axes):
     for a, b in zip(first, second):
         if x1.shape[a] != x2.shape[b]:
             raise ShapeError(f"shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} differ on contracted axes {a} and {b}")
-    shape = tuple(s for i, s in enumerate(x1.shape) if i not in first) + tuple(s for i, s in enumerate(x2.shape) if i not in second)
+    shape = tuple(s for i, s in enumerate(x1.shape) if i not in first) + \
+        tuple(s for i, s in enumerate(x2.shape) if i not in second)
     return Meta(shape, dtype)
 
 
 def _tensordot_examples(g):
     dtype = g.dtype("numeric")
     shared = g.shape(max_dims=2)
-    return (g.array(g.shape(max_dims=2) + shared, dtype, low=-5, high=5), g.array(shared + g.shape(max_dims=2), dtype, low=-5, high=5)), {"axes": len(shared)}
+    first = g.array(g.shape(max_dims=2) + shared, dtype, low=-5, high=5)
+    second = g.array(shared + g.shape(max_dims=2), dtype, low=-5, high=5)
+    return (first, second), {"axes": len(shared)}
 
 
 define(Op("tensordot", ("x1", "x2"), {"axes": 2}, _tensordot_meta, _tensordot_canon, promote_inputs=True,
-          flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * math.prod(ins[0].shape[a] for a in attrs["axes"][0]), family="linear algebra",
-          examples=_tensordot_examples, bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((4, 2), dt.float64)), {"axes": 1}, ShapeError),
+          flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * math.prod(ins[0].shape[a] for a in attrs["axes"][0]),
+          family="linear algebra", examples=_tensordot_examples,
+          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((4, 2), dt.float64)), {"axes": 1}, ShapeError),
           doc="Sum of products over the given axes."))
 
 
@@ -114,11 +120,13 @@ def _vecdot_meta(x1, x2, axis):
 def _vecdot_examples(g):
     dtype = g.dtype("numeric")
     shape = g.shape(min_dims=1)
-    return (g.array(shape, dtype, low=-5, high=5), g.array(g.broadcastable(shape[:-1]) + shape[-1:], dtype, low=-5, high=5)), {"axis": -1}
+    other = g.array(g.broadcastable(shape[:-1]) + shape[-1:], dtype, low=-5, high=5)
+    return (g.array(shape, dtype, low=-5, high=5), other), {"axis": -1}
 
 
 define(Op("vecdot", ("x1", "x2"), {"axis": -1}, _vecdot_meta, promote_inputs=True,
-          flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * ins[0].shape[attrs["axis"]], family="linear algebra", examples=_vecdot_examples,
+          flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * ins[0].shape[attrs["axis"]],
+          family="linear algebra", examples=_vecdot_examples,
           bad_examples=lambda g: ((g.array((3,), dt.float64), g.array((4,), dt.float64)), {"axis": -1}, ShapeError),
           doc="Dot product of vectors along axis (conjugating x1)."))
 
@@ -176,7 +184,8 @@ def _symmetric(g):
     return (a + np.swapaxes(a, -1, -2),), {}
 
 
-_matrix_op("cholesky", lambda x, upper: _same_square(x), attrs={"upper": False}, examples=_positive_definite, symmetric_input=True,
+_matrix_op("cholesky", lambda x, upper: _same_square(x), attrs={"upper": False}, examples=_positive_definite,
+           symmetric_input=True,
            doc="Cholesky factor of a Hermitian positive-definite matrix.")
 _matrix_op("inv", _same_square, examples=_well_conditioned, doc="Matrix inverse.")
 _matrix_op("det", lambda x: (_square(x), Meta(x.shape[:-2], x.dtype))[1], doc="Determinant.")
@@ -185,7 +194,8 @@ _matrix_op("slogdet", lambda x: (_square(x), (Meta(x.shape[:-2], x.dtype), Meta(
 _matrix_op("eigh", lambda x: (_square(x), (Meta(x.shape[:-1], dt.real_of(x.dtype)), Meta(x.shape, x.dtype)))[1],
            multiple=True, examples=_symmetric, determined=(0,), symmetric_input=True,
            doc="Eigenvalues and eigenvectors of a Hermitian matrix.")
-_matrix_op("eigvalsh", lambda x: (_square(x), Meta(x.shape[:-1], dt.real_of(x.dtype)))[1], examples=_symmetric, symmetric_input=True,
+_matrix_op("eigvalsh", lambda x: (_square(x), Meta(x.shape[:-1], dt.real_of(x.dtype)))[1], examples=_symmetric,
+           symmetric_input=True,
            doc="Eigenvalues of a Hermitian matrix.")
 
 
@@ -199,7 +209,8 @@ def _matrix_power_meta(x, n):
 
 define(Op("matrix_power", ("x",), {"n": REQUIRED}, _matrix_power_meta, lambda x, n: {"n": as_int(n, "n")}, family="linalg",
           positional=("n", "/"),
-          examples=lambda g: ((_well_conditioned(g)[0][0],), {"n": g.integer(-2, 3)}), bad_examples=lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
+          examples=lambda g: ((_well_conditioned(g)[0][0],), {"n": g.integer(-2, 3)}),
+          bad_examples=lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
           doc="x raised to the integer power n (negative n inverts)."))
 
 
@@ -275,7 +286,8 @@ def _cross_meta(x1, x2, axis):
 def _cross_examples(g):
     dtype = g.dtype("real numeric")
     batch = g.shape(max_dims=2)
-    return (g.array(batch + (3,), dtype, low=-5, high=5), g.array(g.broadcastable(batch) + (3,), dtype, low=-5, high=5)), {"axis": -1}
+    other = g.array(g.broadcastable(batch) + (3,), dtype, low=-5, high=5)
+    return (g.array(batch + (3,), dtype, low=-5, high=5), other), {"axis": -1}
 
 
 define(Op("cross", ("x1", "x2"), {"axis": -1}, _cross_meta, promote_inputs=True, family="linalg", examples=_cross_examples,
@@ -335,7 +347,8 @@ def _vector_norm_meta(x, axis, keepdims, ord):
 def _vector_norm_examples(g):
     shape = g.shape(min_side=1)
     axes = None if not shape or g.flag() else (g.integer(0, len(shape) - 1),)
-    return (g.array(shape, g.dtype("floating")),), {"axis": axes, "keepdims": g.flag(), "ord": g.choice([2, 1, 0, float("inf"), 3])}
+    ord_ = g.choice([2, 1, 0, float("inf"), 3])
+    return (g.array(shape, g.dtype("floating")),), {"axis": axes, "keepdims": g.flag(), "ord": ord_}
 
 
 define(Op("vector_norm", ("x",), {"axis": None, "keepdims": False, "ord": 2}, _vector_norm_meta,

@@ -85,7 +85,8 @@ def _concat_examples(g):
     return tuple(arrays), {"axis": axis}
 
 
-define(Op("concat", ("*arrays",), {"axis": 0}, _concat_meta, promote_inputs=True, family="manipulation", examples=_concat_examples,
+define(Op("concat", ("*arrays",), {"axis": 0}, _concat_meta, promote_inputs=True, family="manipulation",
+          examples=_concat_examples,
           bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((2, 4), dt.float64)), {"axis": 0}, ShapeError),
           doc="Join arrays along an existing axis (flattened when axis is None)."))
 
@@ -130,7 +131,8 @@ define(Op("expand_dims", ("x",), {"axis": REQUIRED}, _expand_dims_meta, family="
           doc="Insert a size-1 axis at position axis."))
 
 
-define(Op("flip", ("x",), {"axis": None}, lambda x, axis: Meta(x.shape, x.dtype), lambda x, axis: {"axis": normalize_axes(axis, x.ndim)},
+define(Op("flip", ("x",), {"axis": None}, lambda x, axis: Meta(x.shape, x.dtype),
+          lambda x, axis: {"axis": normalize_axes(axis, x.ndim)},
           family="manipulation", examples=lambda g: _axis_recipe(g, "any"), bad_examples=samples.bad_axis("any"),
           doc="Reverse the order of elements along axis (all axes when None)."))
 
@@ -139,7 +141,8 @@ def _axis_recipe(g, category):
     """One array and an axis that is None, an int or a tuple."""
     shape = g.shape()
     ndim = len(shape)
-    axis = None if not ndim or g.flag() else g.choice([g.integer(-ndim, ndim - 1), tuple(sorted({g.integer(0, ndim - 1) for _ in range(2)}))])
+    several = tuple(sorted({g.integer(0, ndim - 1) for _ in range(2)})) if ndim else ()
+    axis = None if not ndim or g.flag() else g.choice([g.integer(-ndim, ndim - 1), several])
     return (g.array(shape, g.dtype(category)),), {"axis": axis}
 
 
@@ -313,7 +316,8 @@ def _tile_meta(x, repetitions):
 define(Op("tile", ("x",), {"repetitions": REQUIRED}, _tile_meta,
           lambda x, repetitions: {"repetitions": tuple(as_int(r, "repetitions") for r in repetitions)},
           family="manipulation", positional=("repetitions", "/"),
-          examples=lambda g: ((g.array(g.shape(max_dims=3), g.dtype("any")),), {"repetitions": tuple(g.integer(0, 3) for _ in range(g.integer(0, 4)))}),
+          examples=lambda g: ((g.array(g.shape(max_dims=3), g.dtype("any")),),
+                              {"repetitions": tuple(g.integer(0, 3) for _ in range(g.integer(0, 4)))}),
           bad_examples=lambda g: ((g.array((2,), dt.int64),), {"repetitions": (-1,)}, ArgumentError),
           doc="Tile x by repetitions along each axis."))
 
@@ -325,9 +329,14 @@ def _unstack_meta(x, axis):
     return tuple(Meta(rest, x.dtype) for _ in range(x.shape[axis]))
 
 
+def _unstack_examples(g):
+    shape = g.shape(min_dims=1)
+    return (g.array(shape, g.dtype("any")),), {"axis": g.integer(-len(shape), len(shape) - 1)}
+
+
 define(Op("unstack", ("x",), {"axis": 0}, _unstack_meta, lambda x, axis: {"axis": normalize_axis(axis, max(x.ndim, 1))},
           family="manipulation", multiple=True,
-          examples=lambda g: (lambda s: ((g.array(s, g.dtype("any")),), {"axis": g.integer(-len(s), len(s) - 1)}))(g.shape(min_dims=1)),
+          examples=_unstack_examples,
           bad_examples=samples.bad_axis("any"), doc="Split x along axis into a tuple of arrays."))
 
 
@@ -374,7 +383,10 @@ def _repeat_grad(xp, g, out, x, repeats, axis):
     flat = axis is None
     axis_ = 0 if flat else axis
     size = math.prod(x.shape) if flat else x.shape[axis]
-    counts = repeats if isinstance(repeats, tuple) and len(repeats) == size else (repeats if isinstance(repeats, int) else repeats[0],) * size
+    if isinstance(repeats, tuple) and len(repeats) == size:
+        counts = repeats
+    else:
+        counts = (repeats if isinstance(repeats, int) else repeats[0],) * size
     index = xp.asarray([i for i, c in enumerate(counts) for _ in range(c)], dtype=dt.int64, device=g.device)
     def gather(positions):
         return xp.take(xp.reshape(positions, (-1,)) if flat else positions, index, axis=axis_)
@@ -396,7 +408,8 @@ defgrad("expand_dims", lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),))
 defgrad("squeeze", lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),))
 defgrad("reshape", lambda xp, g, out, x, shape, copy: (xp.reshape(g, x.shape),))
 defgrad("flip", lambda xp, g, out, x, axis: (xp.flip(g, axis=axis),))
-defgrad("roll", lambda xp, g, out, x, shift, axis: (xp.roll(g, tuple(-s for s in shift) if isinstance(shift, tuple) else -shift, axis=axis),))
+defgrad("roll", lambda xp, g, out, x, shift, axis: (
+    xp.roll(g, tuple(-s for s in shift) if isinstance(shift, tuple) else -shift, axis=axis),))
 defgrad("moveaxis", lambda xp, g, out, x, source, destination: (xp.moveaxis(g, destination, source),))
 defgrad("permute_dims", lambda xp, g, out, x, axes: (xp.permute_dims(g, _inverse(axes)),))
 defgrad("tile", _tile_grad)

@@ -47,7 +47,8 @@ def _axis_examples(g):
 for _name, _doc in (("softmax", "exp(x) / sum(exp(x)) along axis, computed stably."),
                     ("log_softmax", "x - logsumexp(x) along axis, computed stably.")):
     define(Op(_name, ("x",), {"axis": -1}, _axis_meta, lambda x, axis: {"axis": normalize_axis(axis, max(x.ndim, 1))},
-              family="nn", positional=("axis",), lift=FLOAT, examples=_axis_examples, bad_examples=samples.bad_axis(FLOAT), doc=_doc))
+              family="nn", positional=("axis",), lift=FLOAT, examples=_axis_examples,
+              bad_examples=samples.bad_axis(FLOAT), doc=_doc))
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -74,14 +75,16 @@ def _cross_entropy_examples(g):
 
 define(Op("cross_entropy", ("logits", "target"), {"reduction": "mean"}, _cross_entropy_meta, family="nn",
           examples=_cross_entropy_examples,
-          bad_examples=lambda g: ((g.array((3, 2), dt.float64), g.array((4,), dt.int64, low=0, high=1)), {"reduction": "mean"}, ShapeError),
+          bad_examples=lambda g: ((g.array((3, 2), dt.float64), g.array((4,), dt.int64, low=0, high=1)),
+                                  {"reduction": "mean"}, ShapeError),
           doc="Cross-entropy of (N, C) logits against (N,) class indices."))
 
 
 def _mse_meta(x, y, reduction):
     require(x.dtype, FLOAT)
     if x.shape != y.shape or x.dtype is not y.dtype:
-        raise ShapeError(f"inputs must share shape and dtype, got {fmt_shape(x.shape)} {x.dtype} and {fmt_shape(y.shape)} {y.dtype}")
+        raise ShapeError(f"inputs must share shape and dtype, got {fmt_shape(x.shape)} {x.dtype} "
+                         f"and {fmt_shape(y.shape)} {y.dtype}")
     return Meta(_reduced(x.shape, reduction), x.dtype)
 
 
@@ -210,7 +213,8 @@ def _conv_canon(x, weight, *bias, stride, padding, dilation, groups):
 def _conv_meta(x, weight, *bias, stride, padding, dilation, groups):
     require(x.dtype, FLOAT)
     if x.ndim != 4 or weight.ndim != 4:
-        raise ShapeError(f"input must be (N, C, H, W) and weight (O, C/groups, KH, KW), got {fmt_shape(x.shape)} and {fmt_shape(weight.shape)}")
+        raise ShapeError(f"input must be (N, C, H, W) and weight (O, C/groups, KH, KW), got {fmt_shape(x.shape)} "
+                         f"and {fmt_shape(weight.shape)}")
     n, c, h, w = x.shape
     o, cg, kh, kw = weight.shape
     if groups < 1 or c % groups or o % groups or cg * groups != c:
@@ -310,7 +314,8 @@ for _name, _doc in (("max_pool2d", "Maximum over 2-d windows of NCHW input."),
                     ("avg_pool2d", "Mean over 2-d windows of NCHW input (padding counts as zeros).")):
     define(Op(_name, ("x",), {"kernel_size": REQUIRED, "stride": None, "padding": 0}, _pool_meta, _pool_canon, family="nn",
               positional=("kernel_size", "stride", "padding"), examples=_pool_examples,
-              bad_examples=lambda g: ((g.array((1, 1, 2, 2), dt.float64),), {"kernel_size": 3, "stride": None, "padding": 0}, ShapeError),
+              bad_examples=lambda g: ((g.array((1, 1, 2, 2), dt.float64),), {"kernel_size": 3, "stride": None, "padding": 0},
+                                      ShapeError),
               doc=_doc))
 
 def _max_pool_grad_examples(g):
@@ -353,7 +358,8 @@ def _attention_examples(g):
 
 define(Op("scaled_dot_product_attention", ("q", "k", "v", "*mask"), {"is_causal": False, "scale": None}, _attention_meta,
           family="nn", promote_inputs=True, examples=_attention_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((2, 4), dt.float64), g.array((2, 4), dt.float64)), {}, ShapeError),
+          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((2, 4), dt.float64), g.array((2, 4), dt.float64)),
+                                  {}, ShapeError),
           doc="softmax(q @ k.T · scale + mask) @ v, with an optional additive float mask or a causal mask."))
 
 

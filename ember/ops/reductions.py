@@ -74,7 +74,8 @@ def _arg_meta(x, axis, keepdims):
 
 def _arg_examples(g):
     shape = g.shape(min_dims=1, min_side=1)
-    return (g.array(shape, g.dtype("real numeric")),), {"axis": g.choice([None, g.integer(-len(shape), len(shape) - 1)]), "keepdims": g.flag()}
+    axis = g.choice([None, g.integer(-len(shape), len(shape) - 1)])
+    return (g.array(shape, g.dtype("real numeric")),), {"axis": axis, "keepdims": g.flag()}
 
 
 for _name in ("argmax", "argmin"):
@@ -100,7 +101,8 @@ def _scan_meta(x, axis, dtype, include_initial):
 
 def _scan_examples(g):
     shape = g.shape(min_dims=1)
-    return (g.array(shape, g.dtype("numeric"), low=-3, high=3),), {"axis": g.integer(-len(shape), len(shape) - 1), "include_initial": g.flag()}
+    axis = g.integer(-len(shape), len(shape) - 1)
+    return (g.array(shape, g.dtype("numeric"), low=-3, high=3),), {"axis": axis, "include_initial": g.flag()}
 
 
 for _name in ("cumulative_sum", "cumulative_prod"):
@@ -120,7 +122,8 @@ def _diff_meta(x, axis, n):
 
 def _diff_examples(g):
     shape = g.shape(min_dims=1)
-    return (g.array(shape, g.dtype("real numeric"), low=-100, high=100),), {"axis": g.integer(-len(shape), len(shape) - 1), "n": g.integer(0, 2)}
+    axis = g.integer(-len(shape), len(shape) - 1)
+    return (g.array(shape, g.dtype("real numeric"), low=-100, high=100),), {"axis": axis, "n": g.integer(0, 2)}
 
 
 define(Op("diff", ("x",), {"axis": -1, "n": 1}, _diff_meta,
@@ -140,7 +143,8 @@ def _sort_meta(result):
 
 def _sort_examples(g):
     shape = g.shape(min_dims=1)
-    return (g.array(shape, g.dtype("real numeric")),), {"axis": g.integer(-len(shape), len(shape) - 1), "descending": g.flag(), "stable": True}
+    axis = g.integer(-len(shape), len(shape) - 1)
+    return (g.array(shape, g.dtype("real numeric")),), {"axis": axis, "descending": g.flag(), "stable": True}
 
 
 for _name, _result in (("sort", None), ("argsort", dt.default_index)):

@@ -140,7 +140,8 @@ def fmt_shape(shape) -> str:
 def require(dtype: dt.DType, category: str, what: str = "input") -> None:
     """Raise DTypeError unless ``dtype`` is in ``category``."""
     if not dt.in_category(dtype, category):
-        raise DTypeError(f"{what} must have a {category} dtype, got {dtype}")
+        article = "an" if category[0] in "aeiou" else "a"
+        raise DTypeError(f"{what} must have {article} {category} dtype, got {dtype}")
 
 
 def require_same_dtype(*metas: Meta) -> dt.DType:
@@ -153,7 +154,8 @@ def require_same_dtype(*metas: Meta) -> dt.DType:
 
 def require_ndim(meta: Meta, at_least: int, what: str = "input") -> None:
     if meta.ndim < at_least:
-        raise ShapeError(f"{what} must have at least {at_least} dimension{'s' if at_least > 1 else ''}, got shape {fmt_shape(meta.shape)}")
+        plural = "s" if at_least > 1 else ""
+        raise ShapeError(f"{what} must have at least {at_least} dimension{plural}, got shape {fmt_shape(meta.shape)}")
 
 
 def broadcast_shapes(*shapes: tuple) -> tuple:

@@ -26,7 +26,8 @@ from . import protocol as wire
 from .protocol import Limits
 
 BATCH_OPS = 64          # send a batch once it holds this many messages …
-BATCH_SECONDS = 0.002    # … or once its first message is this old
+BATCH_SECONDS = 0.002    # … or once its first message is this old …
+BATCH_BYTES = 8 << 20    # … or once its copied uploads reach this size
 INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
 DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
 _clock = time.perf_counter
@@ -65,6 +66,7 @@ class RemoteEngine(Engine):
         self._graph_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._gids = itertools.count(1)
         self._first_pending = 0.0
+        self._pending_bytes = 0
         self._lock = threading.RLock()
         self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
                          "graphs_registered": 0, "graph_runs": 0}
@@ -151,6 +153,9 @@ class RemoteEngine(Engine):
                     self._first_pending = time.perf_counter()
                 self._pending.append(("put", handle.id, len(self._segments)))
                 self._segments.append(np.array(host, copy=True))  # the caller may change its array later
+                self._pending_bytes += host.nbytes
+                if self._pending_bytes > BATCH_BYTES:
+                    self.flush()
         return handle
 
     def download(self, handle) -> np.ndarray:
@@ -203,6 +208,7 @@ class RemoteEngine(Engine):
                 return
             messages, self._pending = self._pending, []
             segments, self._segments = self._segments, []
+            self._pending_bytes = 0
             self.counters["ops"] += sum(1 for m in messages if m[0] == "op")
             self._send({"t": "batch", "m": tuple(messages)}, segments)
 

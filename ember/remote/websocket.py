@@ -122,7 +122,8 @@ class WebSocketConnection:
             pass
 
 
-def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None, path: str = "/") -> WebSocketConnection:
+def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None,
+            path: str = "/") -> WebSocketConnection:
     """A WebSocket frame connection to ``ws://host:port``."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
