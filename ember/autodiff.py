@@ -3,7 +3,8 @@
 The forward pass runs on the inner device through the autodiff engine, which keeps a tape; the
 backward pass applies each row's gradient rule with the ember namespace on the inner device's
 arrays, so it streams to a compute peer or records into a capture like any other ops. First
-order, real dtypes.
+order; differentiated inputs are real, and complex intermediates (an fft, say) follow PyTorch's
+convention (the gradient of a real loss is dL/dRe z + i·dL/dIm z).
 """
 
 from __future__ import annotations
@@ -189,8 +190,10 @@ def _run_backward(roots: list, seeds: list) -> dict:
             grads = rule(xp, g_arg, out_arg, *ins, **node.attrs)
         except NotImplementedError as error:
             raise NotSupportedError(f"backward: {error}") from None
-        for source, g in zip(node.inputs, grads):
+        for source, g, meta in zip(node.inputs, grads, node.in_metas):
             if g is not None and type(source) is Var and source.requires_grad:
+                if meta.dtype.kind != dt.COMPLEX and g.dtype.kind == dt.COMPLEX:
+                    g = xp.real(g)  # a real input's gradient is the real part of its cotangent
                 add(source, g)
     return {leaves[k]: g for k, g in cot.items() if k in leaves}
 

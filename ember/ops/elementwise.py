@@ -126,53 +126,59 @@ for _name in ("tril", "triu"):
               doc=f"{'Lower' if _name == 'tril' else 'Upper'} triangle of the last two axes, from diagonal k."))
 
 
-# --- gradient rules (real inputs; first order) ------------------------------------------------------
+# --- gradient rules (first order; complex values follow PyTorch's convention: the gradient of a
+# real loss L is dL/dRe z + i dL/dIm z, so a holomorphic f gets g · conj(f'(z))) ----------------
 
-from .gradients import defgrad, no_gradient, unbroadcast  # noqa: E402
+from .gradients import conj, defgrad, no_gradient, unbroadcast  # noqa: E402
 
 _LN2, _LN10 = 0.6931471805599453, 2.302585092994046
 
 
-def _unary(rule):
-    """A rule from the derivative: ``rule(xp, g, out, x) -> cotangent of x``."""
-    return lambda xp, g, out, x: (rule(xp, g, out, x),)
+def _holomorphic(derivative):
+    """A rule from the derivative f'(x), given as ``derivative(xp, out, x)``."""
+    return lambda xp, g, out, x: (g * conj(xp, derivative(xp, out, x)),)
 
+
+for _name, _derivative in {
+    "sin": lambda xp, out, x: xp.cos(x),
+    "cos": lambda xp, out, x: -xp.sin(x),
+    "tan": lambda xp, out, x: 1 + out * out,
+    "asin": lambda xp, out, x: 1 / xp.sqrt(1 - x * x),
+    "acos": lambda xp, out, x: -1 / xp.sqrt(1 - x * x),
+    "atan": lambda xp, out, x: 1 / (1 + x * x),
+    "sinh": lambda xp, out, x: xp.cosh(x),
+    "cosh": lambda xp, out, x: xp.sinh(x),
+    "tanh": lambda xp, out, x: 1 - out * out,
+    "asinh": lambda xp, out, x: 1 / xp.sqrt(x * x + 1),
+    "acosh": lambda xp, out, x: 1 / xp.sqrt(x * x - 1),
+    "atanh": lambda xp, out, x: 1 / (1 - x * x),
+    "exp": lambda xp, out, x: out,
+    "expm1": lambda xp, out, x: out + 1,
+    "log": lambda xp, out, x: 1 / x,
+    "log1p": lambda xp, out, x: 1 / (1 + x),
+    "log2": lambda xp, out, x: 1 / (x * _LN2),
+    "log10": lambda xp, out, x: 1 / (x * _LN10),
+    "sqrt": lambda xp, out, x: 1 / (2 * out),
+    "square": lambda xp, out, x: 2 * x,
+    "reciprocal": lambda xp, out, x: -(out * out),
+}.items():
+    defgrad(_name, _holomorphic(_derivative))
 
 for _name, _rule in {
-    "sin": lambda xp, g, out, x: g * xp.cos(x),
-    "cos": lambda xp, g, out, x: -g * xp.sin(x),
-    "tan": lambda xp, g, out, x: g * (1 + out * out),
-    "asin": lambda xp, g, out, x: g / xp.sqrt(1 - x * x),
-    "acos": lambda xp, g, out, x: -g / xp.sqrt(1 - x * x),
-    "atan": lambda xp, g, out, x: g / (1 + x * x),
-    "sinh": lambda xp, g, out, x: g * xp.cosh(x),
-    "cosh": lambda xp, g, out, x: g * xp.sinh(x),
-    "tanh": lambda xp, g, out, x: g * (1 - out * out),
-    "asinh": lambda xp, g, out, x: g / xp.sqrt(x * x + 1),
-    "acosh": lambda xp, g, out, x: g / xp.sqrt(x * x - 1),
-    "atanh": lambda xp, g, out, x: g / (1 - x * x),
-    "exp": lambda xp, g, out, x: g * out,
-    "expm1": lambda xp, g, out, x: g * (out + 1),
-    "log": lambda xp, g, out, x: g / x,
-    "log1p": lambda xp, g, out, x: g / (1 + x),
-    "log2": lambda xp, g, out, x: g / (x * _LN2),
-    "log10": lambda xp, g, out, x: g / (x * _LN10),
-    "sqrt": lambda xp, g, out, x: g / (2 * out),
-    "square": lambda xp, g, out, x: 2 * g * x,
-    "reciprocal": lambda xp, g, out, x: -g * out * out,
-    "abs": lambda xp, g, out, x: g * xp.sign(x),
+    "abs": lambda xp, g, out, x: g * xp.sign(x),          # z/|z| for complex z
     "negative": lambda xp, g, out, x: -g,
     "positive": lambda xp, g, out, x: g,
-    "conj": lambda xp, g, out, x: xp.conj(g),
+    "conj": lambda xp, g, out, x: conj(xp, g),
     "real": lambda xp, g, out, x: g,
+    "imag": lambda xp, g, out, x: g * 1j if x.dtype.kind == dt.COMPLEX else xp.zeros_like(x),
     # piecewise constant: zero almost everywhere
-    "sign": lambda xp, g, out, x: xp.zeros_like(g),
+    "sign": lambda xp, g, out, x: xp.zeros_like(x),
     "ceil": lambda xp, g, out, x: xp.zeros_like(g),
     "floor": lambda xp, g, out, x: xp.zeros_like(g),
     "trunc": lambda xp, g, out, x: xp.zeros_like(g),
     "round": lambda xp, g, out, x: xp.zeros_like(g),
 }.items():
-    defgrad(_name, _unary(_rule))
+    defgrad(_name, (lambda rule: lambda xp, g, out, x: (rule(xp, g, out, x),))(_rule))
 
 
 def _pow_exponent_grad(xp, g, out, x1):
@@ -194,9 +200,9 @@ def _binary(rule):
 for _name, _rule in {
     "add": lambda xp, g, out, x1, x2: (g, g),
     "subtract": lambda xp, g, out, x1, x2: (g, -g),
-    "multiply": lambda xp, g, out, x1, x2: (g * x2, g * x1),
-    "divide": lambda xp, g, out, x1, x2: (g / x2, -g * out / x2),
-    "pow": lambda xp, g, out, x1, x2: (g * x2 * xp.pow(x1, x2 - 1),
+    "multiply": lambda xp, g, out, x1, x2: (g * conj(xp, x2), g * conj(xp, x1)),
+    "divide": lambda xp, g, out, x1, x2: (g / conj(xp, x2), -g * conj(xp, out / x2)),
+    "pow": lambda xp, g, out, x1, x2: (g * conj(xp, x2 * xp.pow(x1, x2 - 1)),
                                        _pow_exponent_grad(xp, g, out, x1) if hasattr(x2, "shape") else None),
     "maximum": lambda xp, g, out, x1, x2: (xp.where(x1 >= x2, g, 0.0), xp.where(x1 >= x2, 0.0, g)),
     "minimum": lambda xp, g, out, x1, x2: (xp.where(x1 <= x2, g, 0.0), xp.where(x1 <= x2, 0.0, g)),
@@ -220,7 +226,6 @@ def _where_grad(xp, g, out, condition, x1, x2):
 defgrad("where", _where_grad)
 defgrad("tril", lambda xp, g, out, x, k: (xp.tril(g, k=k),))
 defgrad("triu", lambda xp, g, out, x, k: (xp.triu(g, k=k),))
-defgrad("imag", lambda xp, g, out, x: (xp.zeros_like(x),))
 no_gradient("bitwise_invert", "isfinite", "isinf", "isnan", "logical_not", "signbit", "equal", "not_equal", "greater",
             "greater_equal", "less", "less_equal", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
             "bitwise_right_shift", "logical_and", "logical_or", "logical_xor")

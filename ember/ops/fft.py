@@ -122,10 +122,112 @@ for _name in ("fftshift", "ifftshift"):
               family="fft", examples=lambda g: ((g.array(g.shape(), g.dtype("floating")),), {"axes": None}),
               doc=f"{'Shift' if _name == 'fftshift' else 'Undo the shift of'} the zero frequency to the centre."))
 
-from .gradients import NotDifferentiable, defgrad, no_gradient  # noqa: E402
+# --- gradient rules ---------------------------------------------------------------------------------------
+# A transform with norm N is a linear map whose adjoint is the opposite transform with the
+# swapped norm (backward <-> forward); zero-padding to n and truncation are each other's adjoints.
+# A real input takes the real part of its cotangent (see autodiff.py).
 
-for _name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fftn", "ifftn", "rfftn", "irfftn"):
-    defgrad(_name, NotDifferentiable(f"{_name}: complex gradients are not supported yet"))
+from .gradients import conj, defgrad, no_gradient  # noqa: E402
+
+_SWAP = {"backward": "forward", "forward": "backward", "ortho": "ortho"}
+
+
+def _resize(xp, a, length: int, axis: int):
+    """a cut or zero-padded to ``length`` along ``axis``."""
+    current = a.shape[axis]
+    if current == length:
+        return a
+    if current > length:
+        return xp.take(a, xp.arange(length, device=a.device), axis=axis)
+    shape = list(a.shape)
+    shape[axis] = length - current
+    return xp.concat([a, xp.zeros(tuple(shape), dtype=a.dtype, device=a.device)], axis=axis)
+
+
+def _hermitian_weights(xp, n: int, bins: int, axis: int, ndim: int, dtype, device):
+    """irfft counts each interior bin twice (it and its mirror); DC and Nyquist once."""
+    weights = [1.0 if k == 0 or (n % 2 == 0 and k == n // 2) else 2.0 for k in range(bins)]
+    shape = [1] * ndim
+    shape[axis] = bins
+    return xp.reshape(xp.asarray(weights, dtype=dtype, device=device), tuple(shape))
+
+
+def _rfft_adjoint(xp, g, n: int, axis: int, norm: str):
+    """Adjoint of rfft along axis (output: length n, complex; its real part is the gradient)."""
+    full = _resize(xp, g, n, axis)  # the missing mirrored bins get no cotangent
+    return xp.fft.ifft(full, n=n, axis=axis, norm=_SWAP[norm])
+
+
+def _irfft_adjoint(xp, g, n: int, axis: int, norm: str):
+    """Adjoint of irfft(·, n) along axis: n//2 + 1 complex bins."""
+    spectrum = xp.fft.rfft(g, n=n, axis=axis, norm=_SWAP[norm])
+    return spectrum * _hermitian_weights(xp, n, n // 2 + 1, axis % g.ndim, g.ndim, g.dtype, g.device)
+
+
+def _fft_grad(inverse):
+    def rule(xp, g, out, x, n, axis, norm):
+        back = (xp.fft.fft if inverse else xp.fft.ifft)(g, n=n, axis=axis, norm=_SWAP[norm])
+        return (_resize(xp, back, x.shape[axis], axis),)
+    return rule
+
+
+def _rfft_grad(xp, g, out, x, n, axis, norm):
+    return (_resize(xp, _rfft_adjoint(xp, g, n, axis, norm), x.shape[axis], axis),)
+
+
+def _irfft_grad(xp, g, out, x, n, axis, norm):
+    return (_resize(xp, _irfft_adjoint(xp, g, n, axis, norm), x.shape[axis], axis),)
+
+
+def _hfft_grad(xp, g, out, x, n, axis, norm):
+    # hfft(x) = irfft(conj(x)) with the swapped norm
+    return (_resize(xp, conj(xp, _irfft_adjoint(xp, g, n, axis, _SWAP[norm])), x.shape[axis], axis),)
+
+
+def _ihfft_grad(xp, g, out, x, n, axis, norm):
+    # ihfft(x) = conj(rfft(x)) with the swapped norm
+    return (_resize(xp, _rfft_adjoint(xp, conj(xp, g), n, axis, _SWAP[norm]), x.shape[axis], axis),)
+
+
+def _fftn_grad(inverse):
+    def rule(xp, g, out, x, s, axes, norm):
+        back = (xp.fft.fftn if inverse else xp.fft.ifftn)(g, s=s, axes=axes, norm=_SWAP[norm])
+        for a in axes:
+            back = _resize(xp, back, x.shape[a], a)
+        return (back,)
+    return rule
+
+
+def _rfftn_grad(xp, g, out, x, s, axes, norm):
+    # rfftn = rfft on the last axis, then fft on the others: undo in reverse order
+    if len(axes) > 1:
+        g = xp.fft.ifftn(g, s=s[:-1], axes=axes[:-1], norm=_SWAP[norm])
+    back = _rfft_adjoint(xp, g, s[-1], axes[-1], norm)
+    for a in axes:
+        back = _resize(xp, back, x.shape[a], a)
+    return (back,)
+
+
+def _irfftn_grad(xp, g, out, x, s, axes, norm):
+    # irfftn = ifft on the leading axes, then irfft on the last: undo in reverse order
+    back = _irfft_adjoint(xp, g, s[-1], axes[-1], norm)
+    if len(axes) > 1:
+        back = xp.fft.fftn(back, s=s[:-1], axes=axes[:-1], norm=_SWAP[norm])
+    for a in axes:
+        back = _resize(xp, back, x.shape[a], a)
+    return (back,)
+
+
+defgrad("fft", _fft_grad(inverse=False))
+defgrad("ifft", _fft_grad(inverse=True))
+defgrad("rfft", _rfft_grad)
+defgrad("irfft", _irfft_grad)
+defgrad("hfft", _hfft_grad)
+defgrad("ihfft", _ihfft_grad)
+defgrad("fftn", _fftn_grad(inverse=False))
+defgrad("ifftn", _fftn_grad(inverse=True))
+defgrad("rfftn", _rfftn_grad)
+defgrad("irfftn", _irfftn_grad)
 defgrad("fftshift", lambda xp, g, out, x, axes: (xp.fft.ifftshift(g, axes=axes),))
 defgrad("ifftshift", lambda xp, g, out, x, axes: (xp.fft.fftshift(g, axes=axes),))
 no_gradient("fftfreq", "rfftfreq")

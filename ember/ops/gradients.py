@@ -33,6 +33,15 @@ def no_gradient(*names: str) -> None:
         OPS[name].grad = NO_GRADIENT
 
 
+def conj(xp, value):
+    """The complex conjugate, free for real arrays and scalars (most of a backward pass)."""
+    if isinstance(value, complex):
+        return value.conjugate()
+    if hasattr(value, "dtype") and value.dtype.kind == "complex floating":
+        return xp.conj(value)
+    return value
+
+
 def unbroadcast(xp, g, shape: tuple):
     """``g`` summed down to ``shape`` (the adjoint of broadcasting to g's shape)."""
     if g.shape == tuple(shape):

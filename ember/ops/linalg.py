@@ -359,7 +359,7 @@ define(Op("vector_norm", ("x",), {"axis": None, "keepdims": False, "ord": 2}, _v
 
 # --- gradient rules (real inputs) ------------------------------------------------------------------------
 
-from .gradients import NotDifferentiable, defgrad, scatter_back, unbroadcast  # noqa: E402
+from .gradients import NotDifferentiable, conj, defgrad, scatter_back, unbroadcast  # noqa: E402
 
 
 def _argsort(values):
@@ -368,9 +368,9 @@ def _argsort(values):
 
 def _matmul_grad(xp, g, out, x1, x2):
     if x1.ndim == 1 and x2.ndim == 1:  # a dot product
-        return g * x2, g * x1
-    a = x1 if x1.ndim > 1 else xp.expand_dims(x1, axis=0)
-    b = x2 if x2.ndim > 1 else xp.expand_dims(x2, axis=1)
+        return g * conj(xp, x2), g * conj(xp, x1)
+    a = conj(xp, x1 if x1.ndim > 1 else xp.expand_dims(x1, axis=0))
+    b = conj(xp, x2 if x2.ndim > 1 else xp.expand_dims(x2, axis=1))
     if x1.ndim == 1:
         g = xp.expand_dims(g, axis=-2)
     if x2.ndim == 1:
