@@ -26,9 +26,12 @@ class Info:
                 "integral": dt.default_int, "indexing": dt.default_index}
 
     def devices(self) -> list[Device]:
-        """The local devices available here (remote and capture devices are made by string)."""
+        """The local devices available here, and the default device (a peer named by
+        ``EMBER_DEVICE``, say); other remote and capture devices are made by string."""
         from ..backends import available_devices
-        return [as_device(name) for name in available_devices()]
+        found = [as_device(name) for name in available_devices()]
+        default = default_device()
+        return found if default in found else found + [default]
 
     def dtypes(self, *, device=None, kind=None) -> dict:
         """The dtypes a device supports, by name, optionally only those of ``kind``."""
