@@ -99,11 +99,6 @@ def isdtype(dtype: DType, kind) -> bool:
     raise DTypeError(f"isdtype: unknown kind {kind!r}")
 
 
-def dtypes_in(category: str) -> tuple[DType, ...]:
-    """Every dtype of a category, in the standard's order."""
-    return tuple(d for d in ALL if d.kind in _CATEGORIES[category])
-
-
 # --- promotion ------------------------------------------------------------------------------
 
 def _promote_pair(a: DType, b: DType) -> DType:
