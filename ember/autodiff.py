@@ -268,8 +268,8 @@ def grad(function, argnums=0, has_aux: bool = False):
     both = value_and_grad(function, argnums, has_aux)
 
     def wrapped(*args, **kwargs):
-        (value, aux), g = both(*args, **kwargs) if has_aux else ((None, None), both(*args, **kwargs)[1])
-        return (g, aux) if has_aux else g
+        value, g = both(*args, **kwargs)
+        return (g, value[1]) if has_aux else g
 
     wrapped.__name__ = f"grad({getattr(function, '__name__', 'function')})"
     return wrapped

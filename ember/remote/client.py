@@ -83,6 +83,9 @@ class RemoteEngine(Engine):
             if type(value) is RemoteHandle and value.engine is self:
                 refs.append(value.id)
             elif type(value) is RemoteHandle:
+                if value.engine.lost is None:
+                    raise DeviceError(f"{op.name}: an input lives in another session ({value.engine.device}); "
+                                      f"move it with x.to_device({str(self.device)!r})")
                 raise ConnectionLost(f"{op.name}: an input lives in a lost session with {self.device}; its data is gone")
             else:
                 refs.append((value, meta.dtype.name))  # a literal
@@ -94,15 +97,17 @@ class RemoteEngine(Engine):
         else:
             outs = tuple(RemoteHandle(self, next(ids)) for _ in metas)
             out_ids = tuple(o.id for o in outs)
-        pending = self._pending
-        pending.append(("op", op.name, tuple(refs), out_ids, attrs))
-        if op.data_dependent and any(None in m.shape for m in metas):
-            shapes = self._call(lambda rid: ("shape", rid, out_ids))[2]
-            metas = tuple(Meta(tuple(s), m.dtype) for s, m in zip(shapes, metas))
-        elif len(pending) == 1:
-            self._first_pending = _clock()
-        elif len(pending) >= BATCH_OPS or (len(pending) & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
-            self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
+        message = ("op", op.name, tuple(refs), out_ids, attrs)
+        with self._lock:  # another thread may be sending the batch
+            pending = self._pending
+            pending.append(message)
+            if op.data_dependent and any(None in m.shape for m in metas):
+                shapes = self._call(lambda rid: ("shape", rid, out_ids))[2]
+                metas = tuple(Meta(tuple(s), m.dtype) for s, m in zip(shapes, metas))
+            elif len(pending) == 1:
+                self._first_pending = _clock()
+            elif len(pending) >= BATCH_OPS or (len(pending) & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
+                self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
         return outs, metas
 
     def run_graph(self, graph, inputs: list) -> list:

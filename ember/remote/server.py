@@ -409,8 +409,9 @@ class Session:
                 raise ProtocolError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
                                     f"tensor limit of {limit} bytes")
 
-    _HANDLERS = {"op": lambda self, body, *_: self._op(("op", *body)), "put": _put, "get": _get, "shape": _shape, "sync": _sync, "drop": _drop, "stats": _stats,
-                 "graph": _graph, "run": _run, "forget": _forget}
+    # "op" messages of the right length go straight to _op; this entry sees malformed ones
+    _HANDLERS = {"op": lambda self, body, *_: self._op(("op", *body)), "put": _put, "get": _get, "shape": _shape,
+                 "sync": _sync, "drop": _drop, "stats": _stats, "graph": _graph, "run": _run, "forget": _forget}
 
 
 class Registry:
