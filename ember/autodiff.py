@@ -276,8 +276,8 @@ def grad(function, argnums=0, has_aux: bool = False):
 
 
 def _zeros_like(a: Array) -> Array:
-    from .namespace.creation import zeros
-    return zeros(a.shape, dtype=a.dtype, device=a.device.inner())
+    from .namespace.creation import zeros_like
+    return zeros_like(a, device=a.device.inner())
 
 
 def _detach_tree(tree):

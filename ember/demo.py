@@ -20,6 +20,7 @@ import numpy as np
 
 import ember as em
 
+from .graphs import format_bytes
 from .progress import Progress
 from .remote.spawn import PeerProcess
 from .spirals import init_params, loss_fn, make_step, train, two_spirals
@@ -143,10 +144,10 @@ class Demo:
             for k in totals:
                 totals[k] += delta.get(k, 0)
             self.say(f"  {name:<40}{seconds:>8.2f}s{delta.get('ops', 0):>10}{delta.get('round_trips', 0):>13}"
-                     f"{_size(delta.get('bytes_up', 0)):>12}{_size(delta.get('bytes_down', 0)):>12}")
+                     f"{format_bytes(delta.get('bytes_up', 0)):>12}{format_bytes(delta.get('bytes_down', 0)):>12}")
         total_time = sum(s for _, s, _ in self.phases)
         self.say(f"  {'total':<40}{total_time:>8.2f}s{totals['ops']:>10}{totals['round_trips']:>13}"
-                 f"{_size(totals['bytes_up']):>12}{_size(totals['bytes_down']):>12}")
+                 f"{format_bytes(totals['bytes_up']):>12}{format_bytes(totals['bytes_down']):>12}")
 
     def run(self) -> int:
         self.say(f"ember demo — starting a compute peer ({self.peer_device}) on 127.0.0.1 in a child process …")
@@ -165,14 +166,6 @@ class Demo:
             return 1
         self.say("all checks passed.")
         return 0
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def run(local: str = "numpy", peer_device: str = "numpy", steps: int = 300, size: int = 200, out: str | None = None) -> int:

@@ -144,7 +144,7 @@ class CapturedGraph:
     def __str__(self) -> str:
         counts = self.op_counts()
         lines = [f"CapturedGraph: {len(self.ops)} ops, {len(self.inputs)} inputs, {len(self.outputs)} outputs, "
-                 f"{len(self.constants)} constants ({_bytes(self.constant_bytes())}), ~{_count(self.flops())} flops"]
+                 f"{len(self.constants)} constants ({format_bytes(self.constant_bytes())}), ~{_count(self.flops())} flops"]
         shown = 6  # a summary, not a listing: to_json() has everything
         for name, _, meta in self.inputs[:shown]:
             lines.append(f"  input  {name}: {fmt_shape(meta.shape)} {meta.dtype}")
@@ -250,7 +250,8 @@ class CapturedGraph:
         return path
 
 
-def _bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .array import Array
 from .autodiff import no_grad
 from .errors import ArgumentError
+from .namespace.creation import zeros_like
 
 __all__ = ["SGD", "Adam"]
 
@@ -49,8 +50,7 @@ class Optimizer:
 
 
 def _zeros_like(p: Array) -> Array:
-    from .namespace.creation import zeros
-    return zeros(p.shape, dtype=p.dtype, device=p.device.inner())
+    return zeros_like(p, device=p.device.inner())  # state is plain: never on an autodiff device
 
 
 class SGD(Optimizer):

@@ -20,12 +20,6 @@ def torch_available() -> bool:
 LOCAL_DEVICES = ["numpy"] + (["torch:cpu"] if torch_available() else [])
 
 
-@pytest.fixture(params=LOCAL_DEVICES)
-def local_device(request):
-    import ember as em
-    return em.device(request.param)
-
-
 @pytest.fixture(scope="session")
 def peer():
     """One numpy compute peer shared by the session's remote tests."""

@@ -110,6 +110,19 @@ def from_row(op_name: str, name: str | None = None):
     return function
 
 
+def named_result(op_name: str, result: type):
+    """The function of a multi-output row, returning the standard's named tuple ``result``."""
+    raw = from_row(op_name)
+
+    def function(*args, **kwargs):
+        return result(*raw(*args, **kwargs))
+
+    function.__name__ = function.__qualname__ = op_name
+    function.__doc__ = raw.__doc__
+    function.__signature__ = raw.__signature__
+    return function
+
+
 def require_array(value, name: str, what: str = "x") -> Array:
     if not isinstance(value, Array):
         raise DTypeError(f"{name}: {what} must be an ember array, got {type(value).__name__}")

@@ -7,7 +7,7 @@ from typing import NamedTuple
 from .. import dtypes as dt
 from ..array import Array, prefixed
 from ..errors import ShapeError
-from ._generate import accumulating, from_row, require_array
+from ._generate import accumulating, from_row, named_result, require_array
 from .linear_algebra import matmul, matrix_transpose, tensordot, vecdot  # noqa: F401  (also in linalg)
 
 cholesky = from_row("cholesky")
@@ -50,21 +50,10 @@ class SVDResult(NamedTuple):
     Vh: Array
 
 
-def _named(row: str, result: type):
-    raw = from_row(row)
-
-    def function(*args, **kwargs):
-        return result(*raw(*args, **kwargs))
-    function.__name__ = function.__qualname__ = row
-    function.__doc__ = raw.__doc__
-    function.__signature__ = raw.__signature__
-    return function
-
-
-eigh = _named("eigh", EighResult)
-qr = _named("qr", QRResult)
-slogdet = _named("slogdet", SlogdetResult)
-svd = _named("svd", SVDResult)
+eigh = named_result("eigh", EighResult)
+qr = named_result("qr", QRResult)
+slogdet = named_result("slogdet", SlogdetResult)
+svd = named_result("svd", SVDResult)
 
 
 @prefixed("pinv")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..array import Array
-from ._generate import from_row
+from ._generate import from_row, named_result
 
 __all__ = ["unique_all", "unique_counts", "unique_inverse", "unique_values"]
 
@@ -30,16 +30,6 @@ class UniqueInverseResult(NamedTuple):
 unique_values = from_row("unique_values")
 
 
-def _named(row: str, result: type):
-    raw = from_row(row)
-
-    def function(x, /):
-        return result(*raw(x))
-    function.__name__ = function.__qualname__ = row
-    function.__doc__ = raw.__doc__
-    return function
-
-
-unique_all = _named("unique_all", UniqueAllResult)
-unique_counts = _named("unique_counts", UniqueCountsResult)
-unique_inverse = _named("unique_inverse", UniqueInverseResult)
+unique_all = named_result("unique_all", UniqueAllResult)
+unique_counts = named_result("unique_counts", UniqueCountsResult)
+unique_inverse = named_result("unique_inverse", UniqueInverseResult)

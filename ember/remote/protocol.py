@@ -130,10 +130,6 @@ def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
     return [_PREFIX.pack(MAGIC, len(body), payload) + body, *views]
 
 
-def frame_size(buffers: list) -> int:
-    return sum(memoryview(b).nbytes for b in buffers)
-
-
 def _segment_arrays(descriptors, limits: Limits, allocate=np.empty) -> list[np.ndarray]:
     if not isinstance(descriptors, tuple):
         raise ProtocolError("'seg' must be a list of [dtype, shape]")

@@ -20,6 +20,7 @@ import uuid
 import numpy as np
 
 from .. import dtypes as dt
+from ..backends.numpy import EMBER
 from ..devices import LocalDevice
 from ..devices import device as as_device
 from ..engines.local import LocalEngine
@@ -227,16 +228,14 @@ class Session:
                 handles.append(value)
                 metas.append(meta)
                 continue
+            # here the reference names no live tensor: a failure upstream, or nothing at all
             value = tensors.get(ref) if type(ref) is int else None
-            if value is None:
-                self._poison(outputs, "ExecutionError", f"{name}: unknown tensor id {ref!r} (dropped, or from another session)")
-                return
             if type(value) is Poison:  # the failure travels to everything that depends on it
                 for tid in outputs:
                     self._store(tid, value, None)
-                return
-            handles.append(value)
-            metas.append(known[ref])
+            else:
+                self._poison(outputs, "ExecutionError", f"{name}: unknown tensor id {ref!r} (dropped, or from another session)")
+            return
         try:
             if attrs or op.attrs:
                 attrs = self._full_attrs(op, attrs)
@@ -244,10 +243,7 @@ class Session:
             attrs, out_metas = op.infer(metas, attrs)
             if len(out_metas) != len(outputs):
                 raise ProtocolError(f"{name}: {len(outputs)} output ids for {len(out_metas)} outputs")
-            limit = self.limits.max_tensor_bytes
-            for meta in out_metas:
-                if None not in meta.shape and math.prod(meta.shape) * meta.dtype.itemsize > limit:
-                    self._check_size(name, out_metas)  # raises, with the message
+            self._check_size(name, out_metas)
             values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
         except Exception as error:  # a peer never crashes on bad input: the outputs carry the error
             self._poison(outputs, _error_kind(error), str(error) if str(error).startswith(name) else f"{name}: {error}")
@@ -272,7 +268,6 @@ class Session:
     def _put(self, body, frame_segments, replies, segments) -> None:
         tid, index = body
         host = frame_segments[index]
-        from ..backends.numpy import EMBER
         handle = self.engine.upload(host)
         self._store(tid, handle, Meta(tuple(host.shape), EMBER[host.dtype]))
         if handle is not host:  # the backend copied it (to a GPU): the buffer can serve the next upload
@@ -337,7 +332,6 @@ class Session:
         values = {}
         for tid, index in constants:
             host = frame_segments[index]
-            from ..backends.numpy import EMBER
             values[tid] = self.engine.upload(host)
             known[tid] = Meta(tuple(host.shape), EMBER[host.dtype])
         records, error, plan = [], None, None
