@@ -104,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--version", action="version", version=f"ember {__version__}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="the whole job in one command (about half a minute)",
+    demo = commands.add_parser("demo", help="the whole job in one command (a few seconds)",
                                description="Start a compute peer on 127.0.0.1 in a child process and show: one "
                                            "computation on a local and a remote device, an MLP trained on the peer, a "
                                            "training step captured, saved, rendered and replayed with em.jit, the refusal "

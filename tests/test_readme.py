@@ -23,3 +23,10 @@ def test_quickstart_is_two_commands_at_the_top():
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_python_block_runs(index, capsys):
     exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {"__name__": f"readme_{index}"})
+
+
+def test_readme_and_help_agree_on_the_demo_duration():
+    from ember.cli import parser
+    demo_help = next(a.help for a in parser()._subparsers._group_actions[0]._choices_actions if a.dest == "demo")
+    duration = re.search(r"\((.*?)\)", demo_help).group(1)
+    assert f"`ember demo` ({duration}" in README
