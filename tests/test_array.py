@@ -82,17 +82,29 @@ def test_conversions(device_name):
     assert "ember.Array(" in repr(x) and device_name in repr(x)
 
 
+@needs_torch
 def test_mixing_devices_names_both():
-    a = em.ones(2, device="numpy")
-    b = em.ones(2, device="capture") if False else None
-    if torch_available():
-        b = em.ones(2, device="torch:cpu")
-        with pytest.raises(ValueError, match="add: arrays are on different devices, numpy and torch:cpu"):
-            a + b
-        with pytest.raises(em.DeviceError):
-            em.matmul(a, b)
-        np.testing.assert_array_equal(em.asnumpy(a + b.to_device("numpy")), [2.0, 2.0])
-    assert a + 1.0 is not None  # Python scalars mix with any device
+    a, b = em.ones(2, device="numpy"), em.ones(2, device="torch:cpu")
+    with pytest.raises(ValueError, match="add: arrays are on different devices, numpy and torch:cpu"):
+        a + b
+    with pytest.raises(em.DeviceError):
+        em.matmul(a, b)
+    np.testing.assert_array_equal(em.asnumpy(a + b.to_device("numpy")), [2.0, 2.0])
+    np.testing.assert_array_equal(em.asnumpy(b + 1.5), [2.5, 2.5])  # Python scalars mix with any device
+
+
+def test_to_device_of_the_same_hardware_but_another_kind_moves():
+    """Devices compare by hardware, but ``to_device`` lands on the very device asked for: an
+    array moved onto an autodiff device is tracked there, not returned untracked."""
+    x = em.asarray([1.0, 2.0])
+    assert x.to_device(x.device) is x and x.to_device("numpy") is x
+    tracked = em.autodiff("numpy")
+    y = x.to_device(tracked)
+    assert y.device is tracked and y.device == x.device
+    y.requires_grad_()
+    em.sum(y * y).backward()
+    np.testing.assert_array_equal(em.asnumpy(y.grad), [2.0, 4.0])
+    assert x.device is em.device("numpy") and not x.requires_grad
 
 
 @needs_torch

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import ember as em
 from ember import dtypes as dt
 from ember.array import bind
-from ember.errors import EmberError, NotSupportedError
+from ember.errors import EmberError
 from ember.ops import OPS
 from ember.ops.table import REQUIRED
 
@@ -33,15 +33,17 @@ def supported_dtypes(device):
 
 
 def run(op, device, arrays, attrs):
-    """Upload the example's host arrays to ``device`` and apply the row through ``bind``."""
+    """Upload the example's host arrays to ``device`` and apply the row through ``bind``.
+
+    The one declared gap is a result dtype the device lacks (torch has no uint64 for prod(uint8)):
+    such an example is discarded by its meta rule, before running; any other NotSupportedError fails.
+    """
     inputs = tuple(em.asarray(a, device=device) for a in arrays)
     full = {**op.attrs, **attrs}
     assert REQUIRED not in full.values(), f"recipe of {op.name} leaves a required attribute out"
-    try:
-        out = bind(op, inputs, full, device=device)
-    except NotSupportedError as error:  # a declared gap: e.g. torch has no uint64 for sum(uint8)
-        assume(not str(error))
-        raise
+    _, out_metas = op.infer(tuple(x._meta for x in inputs), full)
+    assume(all(m.dtype in supported_dtypes(device) for m in out_metas))
+    out = bind(op, inputs, full, device=device)
     return out if isinstance(out, tuple) else (out,)
 
 
@@ -93,7 +95,12 @@ def test_numpy_and_torch_agree(name, data):
     for i in determined:
         e, a = em.asnumpy(expected[i]), em.asnumpy(actual[i])
         assert a.shape == e.shape and a.dtype == e.dtype
-        np.testing.assert_allclose(a, e, equal_nan=True, **_tolerance(expected[i].dtype), err_msg=f"{name} output {i}")
+        tolerance = _tolerance(expected[i].dtype)
+        # rounding errors scale with the result's magnitude: pinv of a float32 matrix with entries near 256
+        # differs by ~1e-5 where the exact value is 0, on any two correct backends
+        finite = np.abs(e[np.isfinite(e)])
+        tolerance["atol"] *= max(1.0, float(finite.max(initial=0)))
+        np.testing.assert_allclose(a, e, equal_nan=True, **tolerance, err_msg=f"{name} output {i}")
 
 
 @pytest.mark.parametrize("device_name", LOCAL_DEVICES)

@@ -52,9 +52,11 @@ def _linear(x, weight, *bias):
 
 def _layer_norm(x, *affine, normalized_shape, eps):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    mean = x.mean(axis=axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    out = (x - mean) / np.sqrt(var + eps)
+    # statistics in float64, as torch accumulates in a wider type: a constant float32 row normalises to 0, not 1e-4
+    wide = x.astype(np.promote_types(x.dtype, np.float64), copy=False)
+    mean = wide.mean(axis=axes, keepdims=True)
+    var = ((wide - mean) ** 2).mean(axis=axes, keepdims=True)
+    out = ((wide - mean) / np.sqrt(var + eps)).astype(x.dtype, copy=False)
     return out * affine[0] + affine[1] if affine else out
 
 
