@@ -26,7 +26,7 @@ from .devices import device as as_device
 from .engines.capture import DataDependentError, Node, NoValueError, ScopeClosedError, UndeclaredInputError
 from .errors import CaptureError, DTypeError, EmberError, NotSupportedError, ProtocolError, ShapeError
 from .ops import OPS
-from .ops.table import Meta, fmt_shape
+from .ops.table import REQUIRED, Meta, fmt_shape
 from .trees import flatten, unflatten
 
 GRAPH_FORMAT_VERSION = 1
@@ -298,10 +298,15 @@ def load_graph(path) -> CapturedGraph:
     if header.get("format") != "ember.graph":
         raise GraphFormatError(f"load_graph: {path} is not an ember graph")
     version = header.get("version")
-    if not isinstance(version, int) or version > GRAPH_FORMAT_VERSION:
+    if type(version) is not int or version < 1:
+        raise GraphFormatError(f"load_graph: {path} has no valid graph format version: {version!r}")
+    if version > GRAPH_FORMAT_VERSION:
         raise GraphFormatError(f"load_graph: {path} has graph format version {version!r}; this ember reads up to "
                                f"version {GRAPH_FORMAT_VERSION} — upgrade ember")
     try:
+        if len(header["constants"]) != len(segments):
+            raise GraphFormatError(f"load_graph: {path} names {len(header['constants'])} constants for "
+                                   f"{len(segments)} stored tensors")
         metas = {i: Meta(tuple(shape), dtype) for i, dtype, shape in header["metas"]}
         graph = CapturedGraph(
             inputs=[(n, i, Meta(tuple(shape), dtype)) for n, i, dtype, shape in header["inputs"]],
@@ -323,24 +328,50 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def _show(meta: Meta | None) -> str:
+    return "nothing" if meta is None else f"{fmt_shape(meta.shape)} {meta.dtype}"
+
+
 def validate(graph: CapturedGraph) -> None:
     """Re-run every op's meta rule from the inputs' metas; GraphFormatError if the graph's
     records disagree (a tampered or inconsistent file)."""
+    for where, meta in [*((f"input {n!r}", m) for n, _, m in graph.inputs), *((f"node {i}", m) for i, m in graph.metas.items())]:
+        if not isinstance(meta.dtype, dt.DType) or not all(type(s) is int and s >= 0 for s in meta.shape):
+            raise GraphFormatError(f"{where} has no valid shape and dtype: {meta.shape!r:.60} {meta.dtype!r:.30}")
     known = {i: m for _, i, m in graph.inputs}
-    known.update({i: graph.metas[i] for i in graph.constants})
+    for name, node, meta in graph.inputs:
+        if graph.metas.get(node) != meta:
+            raise GraphFormatError(f"input {name!r} is {_show(meta)}, but its node {node} is recorded as "
+                                   f"{_show(graph.metas.get(node))}")
+    for node, value in graph.constants.items():
+        meta = Meta(value.shape, dt.from_name(value.dtype.name))
+        if graph.metas.get(node) != meta:
+            raise GraphFormatError(f"constant {node} holds {_show(meta)}, but is recorded as {_show(graph.metas.get(node))}")
+        known[node] = meta
     for op in graph.ops:
-        row = OPS.get(op.name)
+        row = OPS.get(op.name) if type(op.name) is str else None
         if row is None:
             raise GraphFormatError(f"unknown op {op.name!r} in the graph")
         ins = []
         for ref in op.inputs:
-            if isinstance(ref, int):
+            if type(ref) is int:
                 if ref not in known:
                     raise GraphFormatError(f"{op.name} reads node {ref}, which nothing before it produced")
                 ins.append(known[ref])
-            else:
+            elif type(ref) is tuple and len(ref) == 2 and dt.is_python_scalar(ref[0]) and ref[1] in dt.BY_NAME:
                 ins.append(Meta((), dt.from_name(ref[1])))
+            else:
+                raise GraphFormatError(f"{op.name}: malformed literal input {ref!r:.60}")
+        unknown = op.attrs.keys() - row.attrs.keys()
+        if unknown:
+            raise GraphFormatError(f"{op.name}: unknown attribute {sorted(unknown)[0]!r}")
         attrs = {k: op.attrs.get(k, v) for k, v in row.attrs.items()}
+        missing = [k for k, v in attrs.items() if v is REQUIRED]
+        if missing:
+            raise GraphFormatError(f"{op.name}: the required attribute {missing[0]!r} is missing")
+        rewritten = [o for o in op.outputs if o in known]
+        if rewritten:
+            raise GraphFormatError(f"{op.name} writes node {rewritten[0]}, which is produced already")
         _, outs = row.infer(tuple(ins), attrs)
         if len(outs) != len(op.outputs) or any(graph.metas.get(i) != m for i, m in zip(op.outputs, outs)):
             raise GraphFormatError(f"{op.name}: the recorded output metas disagree with the op table")

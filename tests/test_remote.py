@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,10 @@ import pytest
 from ember.benchmarks.core import chain
 
 import ember as em
+from ember.devices import RemoteDevice
 from ember.remote import protocol as wire
+from ember.remote import tcp, websocket
+from ember.remote.client import connect
 
 from .conftest import REMOTE_SCHEMES
 from .peers import Peer
@@ -106,6 +110,7 @@ def test_threads_share_a_remote_device(remote):
         t.start()
     for t in threads:
         t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
     assert not errors
 
 
@@ -174,20 +179,44 @@ def test_index_refusal(peer):
     assert listed.returncode == 0 and f"ember://{peer.address}/0" in listed.stdout and "numpy" in listed.stdout
 
 
+TOKEN = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """A peer that requires TOKEN."""
+    token_file = tmp_path_factory.mktemp("token") / "token"
+    token_file.write_text(TOKEN + "\n")
+    with Peer("--token-file", str(token_file)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("token", ["s3cre", "s", "", "S3CRET", "s3Cret", "s3cret!", "s3cret ", None, 123, True, b"s3cret",
+                                   ("s3cret",), {"token": "s3cret"}], ids=repr)
 @pytest.mark.parametrize("scheme", REMOTE_SCHEMES)
-def test_token_refusal(tmp_path, scheme, monkeypatch):
-    token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
-    with Peer("--token-file", str(token_file)) as guarded:
-        with pytest.raises(em.AccessDenied, match="bad or missing token"):
-            em.ones(1, device=em.device(guarded.url(scheme)))
-        with pytest.raises(PermissionError):
-            em.ones(1, device=em.device(guarded.url(scheme, token="wrong")))
-        x = em.ones(2, device=em.device(guarded.url(scheme, token="s3cret")))
-        assert float(em.sum(x)) == 2.0
-        monkeypatch.setenv("EMBER_TOKEN", "s3cret")
-        y = em.ones(3, device=em.device(f"{scheme}://localhost:{guarded.address.split(':')[1]}/0"))
-        assert float(em.sum(y)) == 3.0
+def test_only_the_exact_token_opens_a_session(guarded, scheme, token, monkeypatch):
+    monkeypatch.setattr("ember.remote.client.DEFAULT_TIMEOUT", 5.0)  # a peer that never answers fails, and soon
+    host, port = guarded.address.rsplit(":", 1)
+    kept = em.ones(3, device=em.device(guarded.url(scheme, token=TOKEN)))  # a session open across the refusals
+    start = time.monotonic()
+    with pytest.raises(em.AccessDenied, match="refused the session: bad or missing token"):
+        connect(RemoteDevice(scheme, host, int(port), 0, token))
+    assert time.monotonic() - start < 2
+    assert float(em.sum(kept)) == 3.0  # the peer serves its other clients on
+    connect(RemoteDevice(scheme, host, int(port), 0, TOKEN)).close()  # and opens sessions for the exact token
+
+
+@pytest.mark.parametrize("scheme", REMOTE_SCHEMES)
+def test_the_token_comes_from_the_device_string_or_the_environment(guarded, scheme, monkeypatch):
+    monkeypatch.delenv("EMBER_TOKEN", raising=False)
+    with pytest.raises(em.AccessDenied, match="bad or missing token"):
+        em.ones(1, device=em.device(guarded.url(scheme)))
+    with pytest.raises(PermissionError):
+        em.ones(1, device=em.device(guarded.url(scheme, token="wrong")))
+    assert float(em.sum(em.ones(2, device=em.device(guarded.url(scheme, token=TOKEN))))) == 2.0
+    monkeypatch.setenv("EMBER_TOKEN", TOKEN)
+    y = em.ones(3, device=em.device(f"{scheme}://localhost:{guarded.address.split(':')[1]}/0"))
+    assert float(em.sum(y)) == 3.0
 
 
 # --- failures of the peer, the client and the wire -------------------------------------------------
@@ -208,6 +237,15 @@ def test_peer_killed_mid_stream_raises_connection_lost(scheme):
         with pytest.raises(em.ConnectionLost):
             em.ones(3, device=device)  # a new session cannot be opened either
         assert time.monotonic() - start < 10
+
+
+def test_a_peer_stops_at_once_with_sessions_open():
+    with Peer() as stopping:
+        devices = [em.device(stopping.url(scheme)) for scheme in REMOTE_SCHEMES]
+        assert [float(em.sum(em.ones(2, device=d))) for d in devices] == [2.0, 2.0]
+        start = time.monotonic()
+        stopping.stop()
+        assert stopping.process.returncode == 0 and time.monotonic() - start < 3  # SIGTERM sufficed: no SIGKILL
 
 
 CLIENT = textwrap.dedent("""
@@ -266,63 +304,212 @@ def test_sixteen_concurrent_clients(peer):
     assert all(code == 0 and out == f"ok {k}" for k, (code, out, _) in enumerate(results)), results
 
 
-def _raw_session(address: str):
+# --- the peer's boundaries: raw bytes over the real transports, every wait bounded -------------------
+
+INIT = {"t": "init", "v": wire.VERSION, "device": 0, "token": None}
+LIMIT = 1024  # the tensor limit of small_peer
+
+
+@pytest.fixture(scope="module")
+def small_peer():
+    """A peer whose tensor limit is LIMIT bytes."""
+    with Peer("--max-tensor-bytes", str(LIMIT)) as running:
+        yield running
+
+
+def _frame(header: dict, segments=()) -> bytes:
+    return b"".join(bytes(b) for b in wire.encode_frame(header, list(segments)))
+
+
+def _prefix(header_bytes: int, payload_bytes: int) -> bytes:
+    return struct.pack("<4sIQ", wire.MAGIC, header_bytes, payload_bytes)
+
+
+def _raw_socket(address: str, timeout: float = 5):
     host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=10)
+    return socket.create_connection((host, int(port)), timeout=timeout)
 
 
-def _closed_by_peer(sock) -> bytes:
-    data = b""
+def _closed_by_peer(sock, data: bytes) -> tuple[bytes, float]:
+    """Send ``data``; what the peer answers until it closes the connection, and the seconds that took. A peer that
+    keeps the connection open past the socket's timeout fails the test."""
+    start = time.monotonic()
+    sock.sendall(data)
+    received = b""
     try:
         while chunk := sock.recv(65536):
-            data += chunk
-    except OSError:
-        pass
-    return data
+            received += chunk
+    except TimeoutError:
+        pytest.fail(f"the peer neither answered nor closed within {sock.gettimeout()} s of {data[:24]!r}")
+    return received, time.monotonic() - start
 
 
-def test_malformed_and_oversized_frames_are_refused_while_others_work(peer):
+def _eof(sock) -> bool:
+    """Whether the peer has closed ``sock`` (a timeout raises)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+class RawSession:
+    """A session driven frame by frame over a real transport (TCP or WebSocket); every wait is bounded."""
+
+    def __init__(self, address: str, scheme: str = "ember", timeout: float = 5):
+        host, port = address.rsplit(":", 1)
+        self.connection = (websocket if scheme == "ws" else tcp).connect(host, int(port), timeout=timeout)
+        self.info = self.send(INIT).header
+        assert self.info["t"] == "info", self.info
+
+    def send(self, header: dict, segments=()) -> wire.Frame:
+        """Send a frame; the peer's next frame."""
+        self.connection.send(wire.encode_frame(header, list(segments)))
+        return self.connection.receive()
+
+    def batch(self, *messages, segments=()) -> wire.Frame:
+        return self.send({"t": "batch", "m": messages}, segments)
+
+    def refused(self, data: bytes) -> tuple[dict, float]:
+        """Send raw ``data``; the peer's answer, once it has also closed the connection, and the seconds that took."""
+        start = time.monotonic()
+        self.connection.send([data])
+        answer = self.connection.receive().header
+        with pytest.raises(em.ConnectionLost, match="closed"):  # not "timed out"
+            self.connection.receive()
+        assert _eof(self.connection.sock)
+        return answer, time.monotonic() - start
+
+    def __enter__(self) -> RawSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.connection.close()
+
+
+def test_malformed_and_oversized_frames_are_refused_at_once_while_others_work(peer):
     good = em.device(peer.url())
     x = em.arange(5, device=good)
-    attacks = [
-        b"GARBAGE!" * 4,                                                           # not an ember peer
-        wire.MAGIC + (2**31).to_bytes(4, "little") + (0).to_bytes(8, "little"),    # a 2 GiB header
-        wire.MAGIC + (4).to_bytes(4, "little") + (2**62).to_bytes(8, "little"),    # an absurd payload
-        b"".join(wire.encode_frame({"t": "init", "v": 1}))[:-1] + b"\xc1",          # malformed msgpack
-        b"".join(wire.encode_frame({"t": "init", "v": 1, "device": 0, "token": None}))
-        + b"".join(wire.encode_frame({"t": "batch", "m": (("op", "matmul", (1, 2), (3,), {}),),
-                                      "seg": (("float64", (2**40,)),)})),          # an oversized tensor
-        b"".join(wire.encode_frame({"t": "init", "v": 1, "device": 0, "token": None}))
-        + b"".join(wire.encode_frame({"t": "batch", "m": (("op",),)})),             # a malformed message
-        b"".join(wire.encode_frame({"t": "init", "v": 99, "device": 0, "token": None})),  # a future version
+    attacks = [  # (the bytes a new connection sends, what the peer's refusal names)
+        (b"GARBAGE!" * 4, "bad frame magic"),
+        (_prefix(2**31, 0), "a header of 2147483648 bytes exceeds the limit of 67108864"),
+        (_prefix(4, 2**62), f"a frame of {2**62 + 4} bytes exceeds the limit of {8 << 30}"),
+        (_frame(INIT)[:-1] + b"\xc1", "malformed header"),
+        (_frame(INIT) + _frame({"t": "batch", "m": (("op", "matmul", (1, 2), (3,), {}),), "seg": (("float64", (2**40,)),)}),
+         f"a tensor of {2**43} bytes exceeds the limit of {4 << 30} bytes"),
+        (_frame(INIT) + _frame({"t": "batch", "m": (("op",),)}), "malformed 'op' message"),
+        (_frame({**INIT, "v": 99}), "protocol version 99 is not supported"),
     ]
-    for attack in attacks:
-        with _raw_session(peer.address) as sock:
-            sock.sendall(attack)
-            reply = _closed_by_peer(sock)  # the peer answers (error or refusal) and closes; it never hangs
-            assert b"refuse" in reply or b"error" in reply or reply == b""
+    for attack, reason in attacks:
+        with _raw_socket(peer.address) as sock:
+            received, seconds = _closed_by_peer(sock, attack)
+        reader = wire.FrameReader()
+        *before, last = [frame.header for frame in reader.feed(received)]
+        assert reader.buffer().nbytes == wire.PREFIX_SIZE  # nothing left half-sent
+        assert last["t"] in ("error", "refuse") and reason in last["reason"] and all(h["t"] == "info" for h in before)
+        assert seconds < 2  # at once: the peer's handshake timeout is 10 s
         assert float(em.sum(x)) == 10.0  # the other session keeps working throughout
     assert peer.process.poll() is None
 
 
+_LIMITS = wire.Limits()
+OVERSIZED = {  # raw bytes sent in a session -> what the peer's error names
+    "header": (_prefix(_LIMITS.max_header_bytes + 1, 0),
+               f"a header of {_LIMITS.max_header_bytes + 1} bytes exceeds the limit of {_LIMITS.max_header_bytes}"),
+    "frame": (_prefix(16, _LIMITS.max_frame_bytes - 15),
+              f"a frame of {_LIMITS.max_frame_bytes + 1} bytes exceeds the limit of {_LIMITS.max_frame_bytes}"),
+    "tensor": (_frame({"t": "batch", "m": (("put", 1, 0),)}, [np.zeros(LIMIT + 1, np.uint8)]),
+               f"a tensor of {LIMIT + 1} bytes exceeds the limit of {LIMIT} bytes"),
+    "rank": (_frame({"t": "batch", "m": (), "seg": (("uint8", (1,) * 65),)}), "bad segment shape"),
+    "msgpack length": (_prefix(5, 0) + b"\xdd\x80\x00\x00\x00", "malformed header"),  # 2**31 items in 5 bytes
+}
+
+
+@pytest.mark.parametrize("limit", OVERSIZED)
+@pytest.mark.parametrize("scheme", REMOTE_SCHEMES)
+def test_every_limit_is_refused_at_once(small_peer, scheme, limit):
+    data, reason = OVERSIZED[limit]
+    with RawSession(small_peer.address, scheme) as session:
+        answer, seconds = session.refused(data)
+    assert answer["t"] == "error" and answer["kind"] == "ProtocolError" and reason in answer["reason"], answer
+    assert seconds < 2  # a session has no timeout on the peer; the wait here gives up after 5 s
+
+
+def test_websocket_and_http_limits_are_refused_at_once(small_peer):
+    with RawSession(small_peer.address, "ws") as session:
+        start = time.monotonic()
+        session.connection.sock.sendall(b"\x82\xff" + (2**40).to_bytes(8, "big") + b"mask")  # a binary frame of 1 TiB
+        with pytest.raises(em.ConnectionLost, match="closed"):
+            session.connection.receive()
+        assert _eof(session.connection.sock) and time.monotonic() - start < 2
+        close = session.connection.protocol.close_rcvd
+        assert close.code == 1009 and f"frame with {2**40} bytes exceeds limit" in close.reason
+    for request, status in ((b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n", b"414"),
+                            (b"GET / HTTP/1.1\r\n" + b"X-Header: 1\r\n" * 200, b"431")):
+        with _raw_socket(small_peer.address) as sock:
+            received, seconds = _closed_by_peer(sock, request)
+        assert received.startswith(b"HTTP/1.1 " + status) and seconds < 2
+
+
+def test_the_tensor_limit_through_the_client(small_peer):
+    device = em.device(small_peer.url())
+    exact = em.asarray(np.arange(LIMIT, dtype=np.uint8), device=device)  # exactly the limit: accepted
+    with pytest.raises(em.ProtocolError, match=f"upload: a tensor of {LIMIT + 1} bytes exceeds .* limit of {LIMIT} bytes"):
+        em.asarray(np.zeros(LIMIT + 1, np.uint8), device=device)  # refused before it is sent
+    with pytest.raises(em.ProtocolError, match=rf"^full: an output of shape \({LIMIT + 1},\) uint8 exceeds the peer's "
+                                               rf"tensor limit of {LIMIT} bytes"):
+        em.asnumpy(em.zeros(LIMIT + 1, dtype=em.uint8, device=device))
+    wide = em.jit(lambda v: em.sum(em.broadcast_to(v, (200, 2))))  # an intermediate of 3200 bytes
+    with pytest.raises(em.ProtocolError, match=r"graph: broadcast_to: an output of shape \(200, 2\) float64 exceeds"):
+        em.asnumpy(wide(em.ones(2, device=device)))
+    np.testing.assert_array_equal(em.asnumpy(exact + 1), np.arange(LIMIT, dtype=np.uint8) + 1)  # the session lives on
+
+
+def _register(gid: int, graph) -> tuple:
+    """The message registering ``graph`` (without constants) as graph ``gid``, as the client builds it."""
+    return ("graph", gid, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
+            tuple((op.name, op.inputs, op.outputs, op.attrs) for op in graph.ops), ())
+
+
+def test_a_registered_graph_refuses_runs_that_do_not_fit_it(peer):
+    with em.capture() as cap:
+        a, b = cap.input((2, 3), em.float64, "a"), cap.input((3,), em.float64, "b")
+        cap.output(a * b + 1, "y")
+    tensors = {1: np.ones((2, 3)), 2: np.arange(3.0), 3: np.ones((2, 3), np.float32), 4: np.ones((3, 3)), 5: np.ones(3)}
+    runs = [  # (graph, input ids, output ids), the error kind, its message
+        ((7, (1,), (9,)), "ProtocolError", "run: graph 7 takes 2 inputs and gives 1 outputs; got 1 input ids and 1 output ids"),
+        ((7, (1, 2, 2), (9,)), "ProtocolError", "got 3 input ids and 1 output ids"),
+        ((7, (1, 2), (9, 10)), "ProtocolError", "got 2 input ids and 2 output ids"),
+        ((7, (4, 2), (9,)), "ShapeError", "run: input 0 expects (2, 3) float64, got (3, 3) float64"),
+        ((7, (3, 2), (9,)), "ShapeError", "run: input 0 expects (2, 3) float64, got (2, 3) float32"),
+        ((7, (1, 99), (9,)), "ExecutionError", "run: unknown tensor id 99"),
+        ((7, (1, 5), (9,)), "ExecutionError", "run: unknown tensor id 5"),    # dropped
+        ((7, (42, 2), (9,)), "ExecutionError", "run: unknown tensor id 42"),  # another session's
+        ((8, (1, 2), (9,)), "ExecutionError", "run: unknown graph 8"),
+    ]
+    with RawSession(peer.address) as session, RawSession(peer.address) as other:
+        assert other.batch(("put", 42, 0), ("sync", 1), segments=[np.ones((2, 3))]).header["m"] == (("ok", 1),)
+        ready = session.batch(_register(7, cap.graph), *(("put", i, k) for k, i in enumerate(tensors)), ("drop", (5,)),
+                              ("sync", 1), segments=list(tensors.values()))
+        assert ready.header["m"] == (("ok", 1),)
+        for run, kind, message in runs:
+            reply = session.batch(("run", *run), ("get", 2, 9), ("sync", 3), ("run", 7, (1, 2), (10,)), ("get", 4, 10))
+            got, synced, data = reply.header["m"]
+            assert got[:3] == ("error", 2, kind) and message in got[3], got
+            assert synced == ("error", 3, kind, got[3])  # the next sync reports it too
+            assert data == ("data", 4, 0)  # the session and the graph serve on
+            np.testing.assert_array_equal(reply.segments[0], tensors[1] * tensors[2] + 1)
+
+
 def test_a_bad_op_from_a_raw_client_poisons_only_its_outputs(peer):
-    frames = wire.FrameReader()
-    with _raw_session(peer.address) as sock:
-        def exchange(header, segments=()):
-            sock.sendall(b"".join(bytes(b) for b in wire.encode_frame(header, list(segments))))
-            while True:
-                got = frames.feed(sock.recv(65536))
-                if got:
-                    return got[0]
-        info = exchange({"t": "init", "v": wire.VERSION, "device": 0, "token": None})
-        assert info.header["t"] == "info" and info.header["backend"] == "numpy"
-        reply = exchange({"t": "batch", "m": (
+    with RawSession(peer.address) as session:
+        assert session.info["backend"] == "numpy"
+        reply = session.batch(
             ("put", 1, 0),
             ("op", "no_such_op", (1,), (2,), {}),
             ("op", "full", (), (3,), {"shape": (10**12,), "fill_value": 1.0}),  # beyond the tensor limit
             ("op", "negative", (1,), (4,), {}),
             ("get", 7, 2), ("get", 8, 3), ("get", 9, 4),
-        )}, [np.arange(3.0)])
+            segments=[np.arange(3.0)])
         kinds = [(m[0], m[1]) for m in reply.header["m"]]
         assert kinds == [("error", 7), ("error", 8), ("data", 9)]
         assert "unknown op" in reply.header["m"][0][3] and "exceeds the peer's tensor limit" in reply.header["m"][1][3]

@@ -370,13 +370,20 @@ class Session:
                 self._store(tid, error, None)
             self.unreported.append(error)
             return
+        if len(input_ids) != len(inputs) or len(output_ids) != len(outputs):
+            self._poison(output_ids, "ProtocolError", f"run: graph {gid!r} takes {len(inputs)} inputs and gives "
+                                                      f"{len(outputs)} outputs; got {len(input_ids)} input ids and "
+                                                      f"{len(output_ids)} output ids")
+            return
         values = []
         for (node, meta), tid in zip(inputs, input_ids):
             value = self.tensors.get(tid)
-            if value is None or type(value) is Poison:
-                failure = value or Poison("ExecutionError", f"run: unknown tensor id {tid!r}")
+            if value is None:
+                self._poison(output_ids, "ExecutionError", f"run: unknown tensor id {tid!r} (dropped, or from another session)")
+                return
+            if type(value) is Poison:  # the failure travels on, reported once
                 for out in output_ids:
-                    self._store(out, failure, None)
+                    self._store(out, value, None)
                 return
             if self.metas[tid] != meta:
                 self._poison(output_ids, "ShapeError", f"run: input {node} expects {meta.shape} {meta.dtype}, "

@@ -78,6 +78,8 @@ class WebSocketConnection:
         return total
 
     def _pump(self) -> list:
+        if self.protocol.eof_sent:  # a server failed the connection (an oversized message, a bad request): no waiting
+            raise ConnectionLost(f"the WebSocket closed: {self.protocol.parser_exc or self.protocol.handshake_exc}")
         try:
             data = self.sock.recv(_CHUNK)
         except TimeoutError:
@@ -117,9 +119,10 @@ class WebSocketConnection:
         except Exception:
             pass
         try:
-            self.sock.close()
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked receiving (a server stopping its sessions)
         except OSError:
             pass
+        self.sock.close()
 
 
 def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None,
