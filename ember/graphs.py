@@ -179,11 +179,11 @@ class CapturedGraph:
             attrs = ", ".join(f"{a}={v}" for a, v in op.attrs.items() if v is not None and a != "key")
             text = op.name + (f"\\n{attrs}" if attrs and len(attrs) < 40 else "")
             lines.append(f'  op{k} [shape=box, style="rounded,filled", fillcolor="#fef3c7", label="{text}"];')
-            for ref in op.inputs:
+            for j, ref in enumerate(op.inputs):
                 if isinstance(ref, int):
                     lines.append(f'  {producer[ref]} -> op{k} [label="{label(self.metas[ref])}", fontsize=8];')
                 else:
-                    lines.append(f'  lit{k}_{id(ref)} [shape=plaintext, label="{ref[0]!r}"]; lit{k}_{id(ref)} -> op{k};')
+                    lines.append(f'  lit{k}_{j} [shape=plaintext, label="{ref[0]!r}"]; lit{k}_{j} -> op{k};')
             for node in op.outputs:
                 producer[node] = f"op{k}"
         for name, node in self.outputs:

@@ -177,6 +177,8 @@ def test_render(tmp_path):
     g = cap.graph
     assert g.render(tmp_path / "g.dot").read_text().startswith("digraph ember")
     assert '"x\\n(3,) float32"' in g.to_dot() and "-> out_y" in g.to_dot()
+    g.save(tmp_path / "g.ember")
+    assert em.load_graph(tmp_path / "g.ember").to_dot() == g.to_dot()  # deterministic: a file draws as its graph
     if shutil.which("dot") is None:
         assert not os.environ.get("CI"), "CI installs graphviz: rendering to SVG must be tested there"
         with pytest.raises(em.NotSupportedError, match=r"Graphviz's `dot` program.*\.dot file"):
