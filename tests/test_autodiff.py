@@ -3,16 +3,21 @@ and the device semantics (inner, equality, no_grad, stops, remote, capture)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import Phase, assume, find, given, settings
 from hypothesis import strategies as st
 
 import ember as em
 from ember import dtypes as dt
 from ember.array import bind
+from ember.backends.numpy import EMBER
+from ember.errors import DTypeError
 from ember.ops import NO_GRADIENT, OPS
 from ember.ops.gradients import NotDifferentiable
+from ember.ops.table import Meta
 
 from .conftest import torch_available
 from .generators import Drawer
@@ -36,9 +41,9 @@ def _example(name, data):
     wrt = [i for i, a in enumerate(arrays) if a.dtype == np.float64]
     assume(wrt)
     values = np.sort(np.concatenate([a.ravel() for a in arrays if a.dtype == np.float64]))
-    # no ties or near-ties, within or across inputs: max and maximum have kinks there, which a
-    # finite difference straddles
-    assume(values.size < 2 or np.min(np.diff(values)) > 1e-3)
+    # no ties or near-ties, within or across inputs: max and maximum have kinks there, which a finite difference
+    # straddles (a symmetric input's mirrored entries are ties by design, and those rows have no such kinks)
+    assume(op.symmetric_input or values.size < 2 or np.min(np.diff(values)) > 1e-3)
     return op, arrays, attrs, wrt
 
 
@@ -80,8 +85,29 @@ def _numeric_gradient(loss, hosts, step):
     return grads
 
 
-def _symmetric(m):
-    return (m + np.swapaxes(m, -1, -2)) / 2
+def _gradients(loss, hosts):
+    """ember's gradient of ``loss`` at ``hosts``, a central difference, and the absolute tolerance between them."""
+    assume(sum(h.size for h in hosts) <= 48)
+    coarse = _numeric_gradient(loss, hosts, 1e-5)
+    fine = _numeric_gradient(loss, hosts, 1e-6)
+    for c, f in zip(coarse, fine):  # a kink or a jump makes the estimate unstable: not a test point
+        assume(np.all(np.isfinite(c)) and np.allclose(c, f, rtol=1e-4, atol=1e-6))
+    analytic = em.grad(loss, argnums=tuple(range(len(hosts))))(*map(em.asarray, hosts))
+    # a central difference's rounding error grows with the loss's magnitude (eps·|L|/h)
+    terms = abs(float(em.sum(em.abs(loss(*map(em.asarray, hosts))))))
+    return [em.asnumpy(a) for a in analytic], fine, 1e-6 + 1e-8 * terms
+
+
+def _hermitian(m):
+    """The part of a gradient that a row reading one triangle of a Hermitian (symmetric) matrix sees."""
+    return (m + np.conj(np.swapaxes(m, -1, -2))) / 2
+
+
+def _assert_close(name, op, wrt, analytic, numeric, atol):
+    for k, (a, n) in enumerate(zip(analytic, numeric)):
+        if op.symmetric_input:
+            a, n = _hermitian(a), _hermitian(n)
+        np.testing.assert_allclose(a, n, rtol=1e-6, atol=atol, err_msg=f"{name}: d/d input {wrt[k]}")
 
 
 @pytest.mark.parametrize("name", DIFFERENTIABLE)
@@ -90,20 +116,55 @@ def test_gradient_matches_finite_differences(name, data):
     op, arrays, attrs, wrt = _example(name, data)
     loss, differentiable = _loss_function(op, arrays, attrs, wrt, "numpy")
     assume(differentiable)
-    hosts = [arrays[i] for i in wrt]
-    assume(sum(h.size for h in hosts) <= 48)
-    coarse = _numeric_gradient(loss, hosts, 1e-5)
-    fine = _numeric_gradient(loss, hosts, 1e-6)
-    for c, f in zip(coarse, fine):  # a kink or a jump makes the estimate unstable: not a test point
-        assume(np.all(np.isfinite(c)) and np.allclose(c, f, rtol=1e-3, atol=1e-6))
-    analytic = em.grad(loss, argnums=tuple(range(len(hosts))))(*map(em.asarray, hosts))
-    # a central difference's rounding error grows with the loss's magnitude (eps·|L|/h)
-    terms = abs(float(em.sum(em.abs(loss(*map(em.asarray, hosts))))))
-    for k, (a, n) in enumerate(zip(analytic, fine)):
-        a = em.asnumpy(a)
-        if op.symmetric_input:
-            a, n = _symmetric(a), _symmetric(n)
-        np.testing.assert_allclose(a, n, rtol=1e-4, atol=1e-6 + 1e-8 * terms, err_msg=f"{name}: d/d input {wrt[k]}")
+    _assert_close(name, op, wrt, *_gradients(loss, [arrays[i] for i in wrt]))
+
+
+@st.composite
+def _examples(draw, name):
+    return OPS[name].examples(Drawer(SimpleNamespace(draw=draw), (dt.float64,), distinct=True))
+
+
+def _takes_complex(name) -> bool:
+    """Whether the row's meta rule takes complex128 where its (first drawn) example has float64."""
+    op = OPS[name]
+    first = settings(database=None, derandomize=True, phases=[Phase.generate])
+    arrays, attrs = find(_examples(name), lambda _: True, settings=first)
+    metas = tuple(Meta(a.shape, dt.complex128 if a.dtype == np.float64 else EMBER[a.dtype]) for a in arrays)
+    try:
+        op.infer(metas, {**op.attrs, **attrs})
+    except DTypeError:
+        return False
+    return True
+
+
+COMPLEX = [name for name in DIFFERENTIABLE if _takes_complex(name)]
+
+
+def test_complex_rows_are_those_whose_meta_rules_take_complex():
+    assert {"matmul", "tensordot", "vecdot", "fft", "irfftn", "inv", "cholesky", "sum", "prod", "exp", "abs"} <= set(COMPLEX)
+    assert not {"maximum", "relu", "rfft", "sort", "std"} & set(COMPLEX)
+
+
+@pytest.mark.parametrize("name", COMPLEX)
+@pytest.mark.filterwarnings("ignore:Casting complex values to real:numpy.exceptions.ComplexWarning")  # astype to float64
+@given(data=st.data())
+def test_complex_gradient_matches_finite_differences(name, data):
+    """In PyTorch's convention (ember's too) a real loss L of complex z has the gradient dL/dRe z + i·dL/dIm z. ember
+    differentiates real arrays, so each complex input is z = x + iy and (dL/dx, dL/dy) are read as that gradient;
+    the loss is sum Re(conj(c)·out) with a complex cotangent c per output, perturbed along x and y."""
+    op, arrays, attrs, wrt = _example(name, data)
+    drawer = Drawer(data, (dt.float64,), distinct=True)
+    # imaginary parts in [-1, 1] and at least 1e-2 from 0: off the branch cuts and poles on the real axis (log,
+    # sqrt, atanh, tan ...), and small enough to keep the recipes' matrices well conditioned (or Hermitian
+    # positive definite, read from one triangle)
+    imaginary = {i: drawer.array(arrays[i].shape, dt.float64, low=-1, high=1) for i in wrt}
+    complex_arrays = [a + 1j * imaginary[i] if i in wrt else a for i, a in enumerate(arrays)]
+    loss, differentiable = _loss_function(op, complex_arrays, attrs, wrt, "numpy")
+    assume(differentiable)
+    hosts = [part for i in wrt for part in (arrays[i], imaginary[i])]
+    analytic, numeric, atol = _gradients(lambda *parts: loss(*(x + y * 1j for x, y in zip(parts[::2], parts[1::2]))), hosts)
+    pairs = [[re + 1j * im for re, im in zip(g[::2], g[1::2])] for g in (analytic, numeric)]
+    _assert_close(name, op, wrt, *pairs, atol)
 
 
 @pytest.mark.skipif(not torch_available(), reason="torch is not installed")
@@ -239,3 +300,21 @@ def test_gradients_through_complex_intermediates():
                  lambda v: em.sum(em.real(em.fft.fft(v)) ** 2 + em.imag(em.fft.fft(v)) ** 2),
                  lambda v: 8 * em.sum(em.abs(em.fft.ifft(v, norm="ortho") * em.sqrt(em.asarray(8.0))) ** 2) / 8):
         np.testing.assert_allclose(em.asnumpy(em.grad(loss)(x)), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch_available(), reason="torch is not installed")
+@pytest.mark.parametrize("f", [lambda m, z: m.sqrt(m.exp(z)), lambda m, z: z @ m.conj(z), lambda m, z: m.linalg.inv(z),
+                               lambda m, z: m.fft.fft(z), lambda m, z: m.linalg.slogdet(z)[0], lambda m, z: m.prod(z)],
+                         ids=["sqrt(exp z)", "z @ conj z", "inv", "fft", "slogdet sign", "prod"])
+def test_complex_cotangents_follow_pytorchs_convention(f):
+    """A complex output seeded with cotangent c gives what PyTorch's z.grad gives: the gradient of sum Re(conj(c)·out)."""
+    import torch
+    rng = np.random.default_rng(0)
+    re, im = rng.standard_normal((2, 3, 3))
+    x, y = (em.asarray(v, device=em.autodiff("numpy")).requires_grad_() for v in (re, im))
+    z = torch.tensor(re + 1j * im, requires_grad=True)
+    out = f(torch, z)
+    c = rng.standard_normal(out.shape) + 1j * rng.standard_normal(out.shape)
+    out.backward(torch.tensor(c))
+    f(em, x + y * 1j).backward(em.asarray(c))
+    np.testing.assert_allclose(em.asnumpy(x.grad) + 1j * em.asnumpy(y.grad), z.grad.resolve_conj().numpy(), rtol=1e-10)

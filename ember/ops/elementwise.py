@@ -150,7 +150,7 @@ for _name, _derivative in {
     "cosh": lambda xp, out, x: xp.sinh(x),
     "tanh": lambda xp, out, x: 1 - out * out,
     "asinh": lambda xp, out, x: 1 / xp.sqrt(x * x + 1),
-    "acosh": lambda xp, out, x: 1 / xp.sqrt(x * x - 1),
+    "acosh": lambda xp, out, x: 1 / (xp.sqrt(x - 1) * xp.sqrt(x + 1)),  # not sqrt(x² - 1): its branch cuts differ
     "atanh": lambda xp, out, x: 1 / (1 - x * x),
     "exp": lambda xp, out, x: out,
     "expm1": lambda xp, out, x: out + 1,
@@ -164,6 +164,15 @@ for _name, _derivative in {
 }.items():
     defgrad(_name, _holomorphic(_derivative))
 
+
+def _sign_grad(xp, g, out, x):
+    """Piecewise constant for real x; z/|z| for complex z moves along the circle: (g - s·Re(conj(g)·s)) / |z|, 0 at 0."""
+    if x.dtype.kind != dt.COMPLEX:
+        return xp.zeros_like(x)
+    modulus = xp.abs(x)
+    return xp.where(modulus > 0, (g - out * xp.real(conj(xp, g) * out)) / xp.where(modulus > 0, modulus, 1.0), 0.0)
+
+
 for _name, _rule in {
     "abs": lambda xp, g, out, x: g * xp.sign(x),          # z/|z| for complex z
     "negative": lambda xp, g, out, x: -g,
@@ -171,8 +180,8 @@ for _name, _rule in {
     "conj": lambda xp, g, out, x: conj(xp, g),
     "real": lambda xp, g, out, x: g,
     "imag": lambda xp, g, out, x: g * 1j if x.dtype.kind == dt.COMPLEX else xp.zeros_like(x),
+    "sign": _sign_grad,
     # piecewise constant: zero almost everywhere
-    "sign": lambda xp, g, out, x: xp.zeros_like(x),
     "ceil": lambda xp, g, out, x: xp.zeros_like(g),
     "floor": lambda xp, g, out, x: xp.zeros_like(g),
     "trunc": lambda xp, g, out, x: xp.zeros_like(g),
@@ -182,9 +191,10 @@ for _name, _rule in {
 
 
 def _pow_exponent_grad(xp, g, out, x1):
-    """d x1**x2 / d x2 = x1**x2 · log x1, taken as 0 where x1 ≤ 0 (0**x2 is flat in x2)."""
-    positive = x1 > 0
-    return g * xp.where(positive, out * xp.log(xp.where(positive, x1, 1.0)), 0.0)
+    """d x1**x2 / d x2 = x1**x2 · log x1, taken as 0 where x1 ≤ 0 (0**x2 is flat in x2); for complex x1, log's
+    principal branch, and 0 at x1 = 0."""
+    keep = x1 != 0 if getattr(x1, "dtype", None) in (dt.complex64, dt.complex128) else x1 > 0
+    return g * conj(xp, xp.where(keep, out * xp.log(xp.where(keep, x1, 1.0)), 0.0))
 
 
 def _binary(rule):

@@ -357,13 +357,18 @@ define(Op("vector_norm", ("x",), {"axis": None, "keepdims": False, "ord": 2}, _v
           bad_examples=lambda g: ((g.array((2, 3), dt.float64),), {"axis": 3}, AxisError), doc="Vector norm over axis."))
 
 
-# --- gradient rules (real inputs) ------------------------------------------------------------------------
+# --- gradient rules (complex values in PyTorch's convention, as in elementwise.py) -------------------------
 
 from .gradients import NotDifferentiable, conj, defgrad, scatter_back, unbroadcast  # noqa: E402
 
 
 def _argsort(values):
     return sorted(range(len(values)), key=lambda i: values[i])
+
+
+def _mH(xp, a):
+    """The conjugate transpose of a stack of matrices (the transpose for real ones)."""
+    return conj(xp, xp.matrix_transpose(a))
 
 
 def _matmul_grad(xp, g, out, x1, x2):
@@ -385,62 +390,70 @@ def _tensordot_grad(xp, g, out, x1, x2, axes):
     free1 = [i for i in range(x1.ndim) if i not in first]
     free2 = [i for i in range(x2.ndim) if i not in second]
     n1 = len(free1)
-    g1 = xp.tensordot(g, x2, axes=(tuple(range(n1, g.ndim)), tuple(free2)))
+    g1 = xp.tensordot(g, conj(xp, x2), axes=(tuple(range(n1, g.ndim)), tuple(free2)))
     source1 = free1 + [first[k] for k in _argsort(second)]
-    g2 = xp.tensordot(x1, g, axes=(tuple(free1), tuple(range(n1))))
+    g2 = xp.tensordot(conj(xp, x1), g, axes=(tuple(free1), tuple(range(n1))))
     source2 = [second[k] for k in _argsort(first)] + free2
     return xp.permute_dims(g1, tuple(_argsort(source1))), xp.permute_dims(g2, tuple(_argsort(source2)))
 
 
 def _vecdot_grad(xp, g, out, x1, x2, axis):
-    g = xp.expand_dims(g, axis=axis)
-    return unbroadcast(xp, g * x2, x1.shape), unbroadcast(xp, g * x1, x2.shape)
+    g = xp.expand_dims(g, axis=axis)  # out = sum(conj(x1) · x2)
+    return unbroadcast(xp, conj(xp, g) * x2, x1.shape), unbroadcast(xp, g * x1, x2.shape)
 
 
 def _inv_grad(xp, g, out, x):
-    t = xp.matrix_transpose(out)
+    t = _mH(xp, out)
     return (-(t @ g @ t),)
 
 
 def _det_grad(xp, g, out, x):
-    return ((g * out)[..., None, None] * xp.matrix_transpose(xp.linalg.inv(x)),)
+    """g · conj(adj x)ᵀ, with the adjugate from the SVD x = u·diag(s)·vh: adj x = det(u·vh)·vh^H·diag(∏_{j≠i} s_j)·u^H,
+    so a singular x (where inv fails) has its gradient too."""
+    u, s, vh = xp.linalg.svd(x)
+    others = xp.prod(xp.where(xp.eye(x.shape[-1], dtype=xp.bool, device=x.device), 1.0, s[..., None, :]), axis=-1)
+    phase = conj(xp, xp.linalg.det(u) * xp.linalg.det(vh))
+    return ((g * phase)[..., None, None] * ((u * others[..., None, :]) @ vh),)
 
 
 def _slogdet_grad(xp, g, out, x):
-    _, g_logabs = g
-    if g_logabs is None:
+    g_sign, scale = g
+    if g_sign is not None and x.dtype.kind == dt.COMPLEX:  # a complex sign turns with Im tr(x⁻¹ dx)
+        turn = 1j * xp.imag(g_sign * xp.conj(out[0]))
+        scale = turn if scale is None else scale + turn
+    if scale is None:  # a real sign is piecewise constant
         return (xp.zeros_like(x),)
-    return (g_logabs[..., None, None] * xp.matrix_transpose(xp.linalg.inv(x)),)
+    return (scale[..., None, None] * _mH(xp, xp.linalg.inv(x)),)
 
 
 def _solve_grad(xp, g, out, x1, x2):
-    t = xp.matrix_transpose(x1)
+    t = _mH(xp, x1)
     if x2.ndim == 1:
         gb = xp.linalg.solve(t, g[..., None])[..., 0]
-        ga = -(gb[..., :, None] * out[..., None, :])
+        ga = -(gb[..., :, None] * conj(xp, out)[..., None, :])
     else:
         gb = xp.linalg.solve(t, g)
-        ga = -(gb @ xp.matrix_transpose(out))
+        ga = -(gb @ _mH(xp, out))
     return unbroadcast(xp, ga, x1.shape), unbroadcast(xp, gb, x2.shape)
 
 
 def _cholesky_grad(xp, g, out, x, upper):
-    lower = xp.matrix_transpose(out) if upper else out
-    gl = xp.matrix_transpose(g) if upper else g
+    lower = _mH(xp, out) if upper else out
+    gl = _mH(xp, g) if upper else g
     n = x.shape[-1]
     eye = xp.eye(n, dtype=x.dtype, device=x.device)
-    p = xp.matrix_transpose(lower) @ gl
+    p = _mH(xp, lower) @ gl
     phi = xp.tril(p) - 0.5 * eye * p
-    lt = xp.matrix_transpose(lower)
+    lt = _mH(xp, lower)
     y = xp.linalg.solve(lt, phi)
-    s = xp.matrix_transpose(xp.linalg.solve(lt, xp.matrix_transpose(y)))
-    return (0.5 * (s + xp.matrix_transpose(s)),)
+    s = _mH(xp, xp.linalg.solve(lt, _mH(xp, y)))
+    return (0.5 * (s + _mH(xp, s)),)
 
 
 def _eigh_grad(xp, g, out, x):
     w, v = out
     gw, gv = g
-    vt = xp.matrix_transpose(v)
+    vt = _mH(xp, v)
     inner = xp.zeros_like(x)
     if gw is not None:
         inner = inner + gw[..., :, None] * xp.eye(x.shape[-1], dtype=x.dtype, device=x.device)
@@ -450,12 +463,12 @@ def _eigh_grad(xp, g, out, x):
         f = xp.where(off, 1.0 / xp.where(off, gap, 1.0), 0.0)
         inner = inner + f * (vt @ gv)
     ga = v @ inner @ vt
-    return (0.5 * (ga + xp.matrix_transpose(ga)),)
+    return (0.5 * (ga + _mH(xp, ga)),)
 
 
 def _eigvalsh_grad(xp, g, out, x):
     _, v = xp.linalg.eigh(x)
-    return (v @ (g[..., :, None] * xp.matrix_transpose(v)),)
+    return (v @ (g[..., :, None] * _mH(xp, v)),)
 
 
 def _svdvals_grad(xp, g, out, x):
@@ -479,16 +492,15 @@ def _matrix_power_grad(xp, g, out, x, n):
     powers = [xp.eye(x.shape[-1], dtype=x.dtype, device=x.device)]
     for _ in range(m - 1):
         powers.append(powers[-1] @ base)
-    t = xp.matrix_transpose
-    gb = sum((t(powers[k]) @ g @ t(powers[m - 1 - k]) for k in range(m)), xp.zeros_like(x))
+    gb = sum((_mH(xp, powers[k]) @ g @ _mH(xp, powers[m - 1 - k]) for k in range(m)), xp.zeros_like(x))
     if n > 0:
         return (gb,)
-    return (-(t(base) @ gb @ t(base)),)
+    return (-(_mH(xp, base) @ gb @ _mH(xp, base)),)
 
 
 def _cross_grad(xp, g, out, x1, x2, axis):
-    return (unbroadcast(xp, xp.linalg.cross(x2, g, axis=axis), x1.shape),
-            unbroadcast(xp, xp.linalg.cross(g, x1, axis=axis), x2.shape))
+    return (unbroadcast(xp, xp.linalg.cross(conj(xp, x2), g, axis=axis), x1.shape),
+            unbroadcast(xp, xp.linalg.cross(g, conj(xp, x1), axis=axis), x2.shape))
 
 
 def _trace_grad(xp, g, out, x, offset, dtype):

@@ -393,6 +393,14 @@ def _repeat_grad(xp, g, out, x, repeats, axis):
     return (scatter_back(xp, g, x, gather),)
 
 
+def _astype_grad(xp, g, out, x, dtype, copy):
+    if not dt.in_category(x.dtype, "floating"):
+        return (None,)
+    if g.dtype.kind == dt.COMPLEX and x.dtype.kind != dt.COMPLEX:
+        g = xp.real(g)  # a real input's gradient is the real part (NumPy warns when astype drops the imaginary part)
+    return (xp.astype(g, x.dtype),)
+
+
 def _unstack_grad(xp, g, out, x, axis):
     parts = [gi if gi is not None else xp.zeros_like(o) for gi, o in zip(g, out)]
     if not parts:
@@ -400,7 +408,7 @@ def _unstack_grad(xp, g, out, x, axis):
     return (xp.stack(parts, axis=axis),)
 
 
-defgrad("astype", lambda xp, g, out, x, dtype, copy: (xp.astype(g, x.dtype) if dt.in_category(x.dtype, "floating") else None,))
+defgrad("astype", _astype_grad)
 defgrad("broadcast_to", lambda xp, g, out, x, shape: (unbroadcast(xp, g, x.shape),))
 defgrad("concat", _split_grad)
 defgrad("stack", lambda xp, g, out, *arrays, axis: tuple(xp.unstack(g, axis=axis)))

@@ -204,7 +204,7 @@ for _name, _parts in (("unique_values", ("values",)), ("unique_counts", ("values
 
 # --- gradient rules ------------------------------------------------------------------------------------
 
-from .gradients import defgrad, expand_reduced, no_gradient, scatter_back  # noqa: E402
+from .gradients import conj, defgrad, expand_reduced, no_gradient, scatter_back  # noqa: E402
 
 
 def _count(x, axis) -> int:
@@ -219,8 +219,8 @@ def _sum_grad(xp, g, out, x, axis, dtype, keepdims):
 
 
 def _prod_grad(xp, g, out, x, axis, dtype, keepdims):
-    # d prod / d x_i = prod / x_i (inputs are nonzero where this is used; zeros give nan, as in JAX)
-    return (expand_reduced(xp, g * out, x.shape, axis, keepdims) / x,)
+    # d prod / d x_i = prod / x_i (inputs are nonzero where this is used; zeros give nan, as in JAX), conjugated
+    return (expand_reduced(xp, g * conj(xp, out), x.shape, axis, keepdims) / conj(xp, x),)
 
 
 def _extremum_grad(xp, g, out, x, axis, keepdims):
@@ -257,9 +257,9 @@ def _cumulative_prod_grad(xp, g, out, x, axis, dtype, include_initial):
     if include_initial:
         g = xp.take(g, xp.arange(1, g.shape[axis], device=g.device), axis=axis)
         out = xp.take(out, xp.arange(1, out.shape[axis], device=out.device), axis=axis)
-    # d out_j / d x_i = out_j / x_i for j >= i (nonzero inputs)
-    reverse = xp.flip(xp.cumulative_sum(xp.flip(g * out, axis=axis), axis=axis), axis=axis)
-    return (reverse / x,)
+    # d out_j / d x_i = out_j / x_i for j >= i (nonzero inputs), conjugated
+    reverse = xp.flip(xp.cumulative_sum(xp.flip(g * conj(xp, out), axis=axis), axis=axis), axis=axis)
+    return (reverse / conj(xp, x),)
 
 
 def _diff_grad(xp, g, out, x, axis, n):
