@@ -15,7 +15,7 @@ import numpy as np
 from . import dtypes as dt
 from .devices import Device, default_device
 from .devices import device as as_device
-from .errors import DeviceError, DTypeError, EmberError, ShapeError, with_prefix
+from .errors import DeviceError, DTypeError, EmberError, ShapeError, UndeclaredInputError, with_prefix
 from .ops.table import Meta, fmt_shape
 
 
@@ -277,7 +277,6 @@ def _common_device(op, first: Device, second: Device) -> Device:
         # one hardware: a wrapper (autodiff) takes precedence over its inner device
         return first if first.inner() is not first else second
     if "capture" in (first.inner().kind, second.inner().kind):
-        from .engines.capture import UndeclaredInputError
         if first.inner().kind == second.inner().kind:
             raise UndeclaredInputError(f"{op.name}: a tensor from another capture was used here; declare it with "
                                        f"cap.input(...) or pass its value as a constant")

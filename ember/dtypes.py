@@ -11,6 +11,8 @@ from __future__ import annotations
 import builtins
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import DTypeError, ScalarOverflowError
 
 # Kinds, ordered: a value of a lower kind converts to a higher one without surprise.
@@ -45,6 +47,9 @@ complex64, complex128 = DType("complex64", COMPLEX, 64), DType("complex128", COM
 
 ALL = (bool_, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64, complex64, complex128)
 BY_NAME = {d.name: d for d in ALL}
+# each dtype's NumPy dtype and back: host buffers, the wire and graph files all read this one map
+NUMPY = {d: np.dtype(d.name) for d in ALL}
+FROM_NUMPY = {v: k for k, v in NUMPY.items()}
 
 default_int, default_uint, default_float, default_complex = int64, uint64, float64, complex128
 default_index = int64

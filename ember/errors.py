@@ -17,6 +17,14 @@ Python user would catch for that situation, so ``except ValueError`` keeps worki
     ├── AccessDenied      (PermissionError) a compute peer refused the token
     ├── ConnectionLost    (ConnectionError) the peer or the connection went away
     └── CaptureError      (RuntimeError) misuse of a capture scope or a value it cannot know
+        ├── ScopeActiveError             a scope opened while another is active in this thread
+        ├── ScopeClosedError             a tensor of a closed scope used
+        ├── NoValueError                 a captured tensor's value asked for
+        ├── DataDependentError           an op with a data-dependent output shape captured
+        ├── UndeclaredInputError         a value from outside the scope used without declaring it
+        ├── OutputError                  ``cap.output`` given something the scope did not produce
+        ├── TracedBranchError            a jitted function branched in Python on a traced value
+        └── GraphFormatError             a graph file malformed, truncated, inconsistent or newer
 
 Messages name the operation first (``matmul: shapes (3, 4) and (5, 2) are not aligned``).
 """
@@ -82,6 +90,38 @@ class ConnectionLost(EmberError, ConnectionError):
 
 class CaptureError(EmberError, RuntimeError):
     """Misuse of a capture scope, or asking a capture for a value it cannot know."""
+
+
+class ScopeClosedError(CaptureError):
+    """A tensor of a capture scope was used after the scope closed."""
+
+
+class NoValueError(CaptureError):
+    """A captured tensor's value was asked for: capture records, it does not execute."""
+
+
+class DataDependentError(CaptureError):
+    """An op whose output shape depends on data (nonzero, unique, boolean masks) was captured."""
+
+
+class UndeclaredInputError(CaptureError):
+    """A value from outside the capture was used without being declared an input or constant."""
+
+
+class ScopeActiveError(CaptureError):
+    """A capture scope was opened while another is active in this thread."""
+
+
+class OutputError(CaptureError):
+    """``cap.output`` was given something the scope did not produce."""
+
+
+class TracedBranchError(CaptureError):
+    """A jitted function branched in Python on a traced value."""
+
+
+class GraphFormatError(CaptureError):
+    """A graph file is malformed, truncated or of a newer format."""
 
 
 def with_prefix(error: EmberError, prefix: str) -> EmberError:

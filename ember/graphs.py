@@ -23,8 +23,23 @@ from . import dtypes as dt
 from .array import Array, _new_array
 from .devices import CaptureDevice, default_device
 from .devices import device as as_device
-from .engines.capture import DataDependentError, Node, NoValueError, ScopeClosedError, UndeclaredInputError
-from .errors import CaptureError, DTypeError, EmberError, NotSupportedError, ProtocolError, ShapeError
+from .engines.capture import Node
+from .errors import (
+    CaptureError,
+    DataDependentError,
+    DTypeError,
+    EmberError,
+    GraphFormatError,
+    NotSupportedError,
+    NoValueError,
+    OutputError,
+    ProtocolError,
+    ScopeActiveError,
+    ScopeClosedError,
+    ShapeError,
+    TracedBranchError,
+    UndeclaredInputError,
+)
 from .ops import OPS
 from .ops.table import REQUIRED, Meta, fmt_shape
 from .trees import flatten, unflatten
@@ -34,22 +49,6 @@ GRAPH_FORMAT_VERSION = 1
 __all__ = ["CaptureScope", "CapturedGraph", "capture", "load_graph", "jit", "ScopeActiveError", "OutputError",
            "TracedBranchError", "GraphFormatError", "ScopeClosedError", "NoValueError", "DataDependentError",
            "UndeclaredInputError"]
-
-
-class ScopeActiveError(CaptureError):
-    """A capture scope was opened while another is active in this thread."""
-
-
-class OutputError(CaptureError):
-    """``cap.output`` was given something the scope did not produce."""
-
-
-class TracedBranchError(CaptureError):
-    """A jitted function branched in Python on a traced value."""
-
-
-class GraphFormatError(CaptureError):
-    """A graph file is malformed, truncated or of a newer format."""
 
 
 @dataclass

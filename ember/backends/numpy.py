@@ -13,8 +13,7 @@ from ..ops.indexing import decode_key
 from .base import Backend
 from .numpy_nn import KERNELS as NN_KERNELS
 
-NATIVE = {d: np.dtype(d.name) for d in dt.ALL}
-EMBER = {v: k for k, v in NATIVE.items()}
+NATIVE, EMBER = dt.NUMPY, dt.FROM_NUMPY  # NumPy's dtypes are the host's: the map lives in dtypes
 
 
 def _setitem(x, value, *indices, key):

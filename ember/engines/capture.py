@@ -12,26 +12,10 @@ import itertools
 
 import numpy as np
 
-from ..backends.numpy import EMBER
-from ..errors import CaptureError
+from .. import dtypes as dt
+from ..errors import DataDependentError, NoValueError, ScopeClosedError, UndeclaredInputError
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
-
-
-class ScopeClosedError(CaptureError):
-    """A tensor of a capture scope was used after the scope closed."""
-
-
-class NoValueError(CaptureError):
-    """A captured tensor's value was asked for: capture records, it does not execute."""
-
-
-class DataDependentError(CaptureError):
-    """An op whose output shape depends on data (nonzero, unique, boolean masks) was captured."""
-
-
-class UndeclaredInputError(CaptureError):
-    """A value from outside the capture was used without being declared an input or constant."""
 
 
 class Record:
@@ -98,7 +82,7 @@ class CaptureEngine(Engine):
             raise ScopeClosedError("asarray: this capture scope is closed")
         value = np.array(host, copy=True)  # a constant keeps the value it had when captured
         value.flags.writeable = False
-        return Node(self.scope, Meta(tuple(value.shape), EMBER[value.dtype]), value=value)
+        return Node(self.scope, Meta(tuple(value.shape), dt.FROM_NUMPY[value.dtype]), value=value)
 
     def download(self, handle: Node) -> np.ndarray:
         if handle.value is not None:

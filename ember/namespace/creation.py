@@ -6,7 +6,6 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..array import Array, bind, prefixed
-from ..backends.numpy import EMBER, NATIVE
 from ..devices import Device, default_device
 from ..devices import device as as_device
 from ..errors import ArgumentError, DTypeError
@@ -98,7 +97,7 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None) -> Array:
     target = _device_or_default(device)
     host = _host_array(obj, dtype, copy)
     engine = target.engine
-    meta = Meta(tuple(host.shape), EMBER[host.dtype])
+    meta = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
     return Array._new(engine.upload(host, copy=copy), meta, target)
 
 
@@ -119,7 +118,7 @@ def _from_array(x: Array, dtype, device, copy) -> Array:
 
 def _host_array(obj, dtype, copy) -> np.ndarray:
     """``obj`` as a host NumPy array with an ember dtype, following the standard's inference."""
-    native = NATIVE[dtype] if dtype is not None else None
+    native = dt.NUMPY[dtype] if dtype is not None else None
     if isinstance(obj, (bool, int, float, complex)) or isinstance(obj, (list, tuple)):
         try:  # NumPy's inference matches the standard's defaults (bool, int64, float64, complex128)
             host = np.array(_plain(obj), dtype=native)
@@ -141,8 +140,8 @@ def _host_array(obj, dtype, copy) -> np.ndarray:
             raise ValueError(f"{error}") from None
         except TypeError as error:
             raise DTypeError(f"cannot make an array from {type(obj).__name__}: {error}") from None
-    if host.dtype not in EMBER:
-        if host.dtype.isnative is False and host.dtype.newbyteorder("=") in EMBER:
+    if host.dtype not in dt.FROM_NUMPY:
+        if host.dtype.isnative is False and host.dtype.newbyteorder("=") in dt.FROM_NUMPY:
             return host.astype(host.dtype.newbyteorder("="))
         raise DTypeError(f"dtype {host.dtype} of {type(obj).__name__} is not an Array API dtype")
     return host

@@ -391,8 +391,7 @@ def _log_softmax_grad(xp, g, out, x, axis):
 
 
 def _cross_entropy_grad(xp, g, out, logits, target, reduction):
-    from ..namespace import nn
-    p = nn.softmax(logits, axis=-1)
+    p = xp.nn.softmax(logits, axis=-1)
     onehot = xp.astype(target[:, None] == xp.arange(logits.shape[1], device=logits.device)[None, :], logits.dtype)
     scale = g[:, None] if reduction == "none" else g / (logits.shape[0] if reduction == "mean" else 1)
     return ((p - onehot) * scale, None)
@@ -426,28 +425,24 @@ def _layer_norm_grad(xp, g, out, x, *affine, normalized_shape, eps):
 
 
 def _conv_grad(xp, g, out, x, weight, *bias, stride, padding, dilation, groups):
-    from ..namespace import nn
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
-    gx = nn.conv2d_input_grad(g, weight, shape=x.shape, **attrs)
-    gw = nn.conv2d_weight_grad(x, g, shape=weight.shape, **attrs)
+    gx = xp.nn.conv2d_input_grad(g, weight, shape=x.shape, **attrs)
+    gw = xp.nn.conv2d_weight_grad(x, g, shape=weight.shape, **attrs)
     gb = (xp.sum(g, axis=(0, 2, 3)),) if bias else ()
     return (gx, gw) + gb
 
 
 def _avg_pool_grad(xp, g, out, x, kernel_size, stride, padding):
-    from ..namespace import nn
     c = x.shape[1]
     weight = xp.full((c, 1) + kernel_size, 1.0 / (kernel_size[0] * kernel_size[1]), dtype=x.dtype, device=x.device)
-    return (nn.conv2d_input_grad(g, weight, shape=x.shape, stride=stride, padding=padding, dilation=(1, 1), groups=c),)
+    return (xp.nn.conv2d_input_grad(g, weight, shape=x.shape, stride=stride, padding=padding, dilation=(1, 1), groups=c),)
 
 
 def _max_pool_grad(xp, g, out, x, kernel_size, stride, padding):
-    from ..namespace import nn
-    return (nn.max_pool2d_grad(x, g, kernel_size=kernel_size, stride=stride, padding=padding),)
+    return (xp.nn.max_pool2d_grad(x, g, kernel_size=kernel_size, stride=stride, padding=padding),)
 
 
 def _attention_grad(xp, g, out, q, k, v, *mask, is_causal, scale):
-    from ..namespace import nn
     s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
     scores = (q @ xp.matrix_transpose(k)) * s
     if mask:
@@ -455,7 +450,7 @@ def _attention_grad(xp, g, out, q, k, v, *mask, is_causal, scale):
     if is_causal:
         keep = xp.tril(xp.ones((q.shape[-2], k.shape[-2]), dtype=xp.bool, device=q.device))
         scores = xp.where(keep, scores, -math.inf)
-    p = nn.softmax(scores, axis=-1)
+    p = xp.nn.softmax(scores, axis=-1)
     gv = xp.matrix_transpose(p) @ g
     gp = g @ xp.matrix_transpose(v)
     gs = p * (gp - xp.sum(gp * p, axis=-1, keepdims=True))

@@ -32,7 +32,7 @@ _PREFIX = struct.Struct("<4sIQ")
 PREFIX_SIZE = _PREFIX.size  # 16
 
 _EXT_DTYPE, _EXT_COMPLEX = 1, 2
-_NUMPY = {d.name: np.dtype(d.name) for d in dt.ALL}
+_NUMPY = {d.name: native for d, native in dt.NUMPY.items()}
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def unpack(data, limit: int | None = None):
 
 # --- frames -----------------------------------------------------------------------------------
 
-_NAMES = {np.dtype(d.name): d.name for d in dt.ALL}
+_NAMES = {native: d.name for native, d in dt.FROM_NUMPY.items()}
 
 
 def segment_descriptor(array: np.ndarray) -> tuple:

@@ -20,7 +20,6 @@ import uuid
 import numpy as np
 
 from .. import dtypes as dt
-from ..backends.numpy import EMBER
 from ..devices import LocalDevice
 from ..devices import device as as_device
 from ..engines.local import LocalEngine
@@ -269,7 +268,7 @@ class Session:
         tid, index = body
         host = frame_segments[index]
         handle = self.engine.upload(host)
-        self._store(tid, handle, Meta(tuple(host.shape), EMBER[host.dtype]))
+        self._store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]))
         if handle is not host:  # the backend copied it (to a GPU): the buffer can serve the next upload
             frame_segments[index] = None
             self.pool.release(host)
@@ -333,7 +332,7 @@ class Session:
         for tid, index in constants:
             host = frame_segments[index]
             values[tid] = self.engine.upload(host)
-            known[tid] = Meta(tuple(host.shape), EMBER[host.dtype])
+            known[tid] = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
         records, error, plan = [], None, None
         try:  # validate the whole graph once: every row's meta rule, every size limit
             for name, refs, outs, attrs in ops:
