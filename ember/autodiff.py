@@ -10,7 +10,6 @@ convention (the gradient of a real loss is dL/dRe z + i·dL/dIm z).
 from __future__ import annotations
 
 import contextlib
-import threading
 
 from . import dtypes as dt
 from .array import Array, _new_array
@@ -23,21 +22,9 @@ from .trees import flatten, unflatten
 
 __all__ = ["autodiff", "no_grad", "enable_grad", "grad", "value_and_grad", "is_grad_enabled"]
 
-_WRAPPED: dict[int, AutodiffDevice] = {}
-_LOCK = threading.Lock()
-
-
 def autodiff(device) -> AutodiffDevice:
     """``device`` with gradient tracking (the same object for the same device)."""
-    inner = as_device(device)
-    if inner.kind == "autodiff":
-        raise DeviceError(f"autodiff: {inner} already tracks gradients; wrap the plain device once "
-                          f"(ember computes first-order gradients)")
-    with _LOCK:
-        wrapped = _WRAPPED.get(id(inner))
-        if wrapped is None or wrapped.inner() is not inner:
-            wrapped = _WRAPPED[id(inner)] = AutodiffDevice(inner)
-    return wrapped
+    return as_device(device).autodiff()
 
 
 @contextlib.contextmanager

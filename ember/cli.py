@@ -41,8 +41,8 @@ def _serve(args) -> int:
     import logging
 
     from .errors import EmberError
-    from .remote.protocol import Limits
     from .remote.server import Server
+    from .wire.protocol import Limits
     token = None
     if args.token_file:
         try:

@@ -22,12 +22,13 @@ from .errors import DeviceError
 class Device:
     """A place where arrays live and operations run. Compare with ``==``; print for its string."""
 
-    __slots__ = ("_engine", "_lock")
+    __slots__ = ("_engine", "_lock", "_tracked")
     kind = ""
 
     def __init__(self):
         self._engine = None
         self._lock = threading.Lock()
+        self._tracked = None  # this device under autodiff, made once
 
     @property
     def engine(self):
@@ -53,9 +54,14 @@ class Device:
         return self
 
     def autodiff(self) -> Device:
-        """This device with gradient tracking (``em.autodiff(self)``)."""
-        from .autodiff import autodiff
-        return autodiff(self)
+        """This device with gradient tracking (``em.autodiff(self)``): the same object every time."""
+        if self.kind == "autodiff":
+            raise DeviceError(f"autodiff: {self} already tracks gradients; wrap the plain device once "
+                              f"(ember computes first-order gradients)")
+        with self._lock:
+            if self._tracked is None:
+                self._tracked = AutodiffDevice(self)
+        return self._tracked
 
     def __eq__(self, other) -> bool:
         if isinstance(other, str):
@@ -111,7 +117,7 @@ class RemoteDevice(Device):
         self.scheme, self.host, self.port, self.index, self.token = scheme, host, port, index, token
 
     def _make_engine(self):
-        from .remote.client import connect  # the remote layer builds the engine for its transport
+        from .engines.remote import connect  # the remote engine picks the framing for its scheme
         return connect(self)
 
     @property

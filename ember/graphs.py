@@ -232,7 +232,7 @@ class CapturedGraph:
         if path.suffix == ".json":
             path.write_text(json.dumps(self.to_json(), indent=1))
             return path
-        from .remote import protocol as wire
+        from .wire import protocol as wire
         constant_ids = list(self.constants)
         header = {
             "t": "graph", "format": "ember.graph", "version": GRAPH_FORMAT_VERSION,
@@ -284,7 +284,7 @@ def _json_value(value):
 def load_graph(path) -> CapturedGraph:
     """Read a graph written by ``CapturedGraph.save``; GraphFormatError if it is malformed,
     truncated or newer than this ember reads."""
-    from .remote import protocol as wire
+    from .wire import protocol as wire
     data = Path(path).read_bytes()
     reader = wire.FrameReader(wire.Limits(max_frame_bytes=max(len(data), 1 << 20), max_tensor_bytes=max(len(data), 1)))
     try:

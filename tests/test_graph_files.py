@@ -12,7 +12,7 @@ import pytest
 
 import ember as em
 from ember.graphs import GraphFormatError
-from ember.remote import protocol as wire
+from ember.wire import protocol as wire
 
 SAVED = {  # the graph below as save() writes it: node 0 the input, 1 the constant, 2–4 the ops' outputs
     "inputs": (("x", 0, em.float32, (2, 3)),),

@@ -17,9 +17,9 @@ from ember.benchmarks.core import chain
 
 import ember as em
 from ember.devices import RemoteDevice
-from ember.remote import protocol as wire
-from ember.remote import tcp, websocket
-from ember.remote.client import connect
+from ember.engines.remote import connect
+from ember.wire import protocol as wire
+from ember.wire import tcp, websocket
 
 from .conftest import REMOTE_SCHEMES
 from .peers import Peer
@@ -195,7 +195,7 @@ def guarded(tmp_path_factory):
                                    ("s3cret",), {"token": "s3cret"}], ids=repr)
 @pytest.mark.parametrize("scheme", REMOTE_SCHEMES)
 def test_only_the_exact_token_opens_a_session(guarded, scheme, token, monkeypatch):
-    monkeypatch.setattr("ember.remote.client.DEFAULT_TIMEOUT", 5.0)  # a peer that never answers fails, and soon
+    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 5.0)  # a peer that never answers fails, and soon
     host, port = guarded.address.rsplit(":", 1)
     kept = em.ones(3, device=em.device(guarded.url(scheme, token=TOKEN)))  # a session open across the refusals
     start = time.monotonic()

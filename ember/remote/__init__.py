@@ -1,5 +1,5 @@
-"""Layer 6 — remote devices: the wire protocol (sans-I/O), its TCP and WebSocket shells, the
-client engine that streams ops to a compute peer, and the server that hosts local devices.
+"""Layer 6 — the compute peer: the server that hosts local devices for remote clients (the
+client is the remote engine, ``engines/remote.py``; the frames are ``ember.wire``).
 
 docs/protocol.md is the exact specification.
 """

@@ -26,10 +26,10 @@ from ..engines.local import LocalEngine
 from ..errors import ArgumentError, EmberError, HostDeviceError, ProtocolError
 from ..ops import OPS
 from ..ops.table import REQUIRED, Meta
-from . import protocol as wire
-from .protocol import Frame, Limits
-from .tcp import TcpConnection
-from .websocket import accept as accept_websocket
+from ..wire import protocol as wire
+from ..wire.protocol import Frame, Limits
+from ..wire.tcp import TcpConnection
+from ..wire.websocket import accept as accept_websocket
 
 log = logging.getLogger("ember.serve")
 

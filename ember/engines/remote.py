@@ -19,11 +19,11 @@ from collections import deque
 
 import numpy as np
 
-from ..engines.base import Engine
 from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError
 from ..ops.table import Meta
-from . import protocol as wire
-from .protocol import Limits
+from ..wire import protocol as wire
+from ..wire.protocol import Limits
+from .base import Engine
 
 BATCH_OPS = 64          # send a batch once it holds this many messages …
 BATCH_SECONDS = 0.002    # … or once its first message is this old …
@@ -265,7 +265,7 @@ class RemoteEngine(Engine):
 
 def connect(device) -> RemoteEngine:
     """Open a session with the peer of ``device`` (a RemoteDevice) and return its engine."""
-    from . import tcp, websocket
+    from ..wire import tcp, websocket
     limits = Limits()
     module = websocket if device.scheme == "ws" else tcp
     connection = module.connect(device.host, device.port, limits, timeout=DEFAULT_TIMEOUT)
