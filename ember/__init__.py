@@ -46,6 +46,8 @@ from . import optim  # noqa: E402
 __version__ = "0.1.0"
 __array_api_version__ = "2024.12"
 
+Array._namespace = _sys.modules[__name__]  # what every array's __array_namespace__() returns
+
 e = _math.e
 inf = _math.inf
 nan = _math.nan

@@ -2,8 +2,9 @@
 
 An :class:`Array` is (device, handle, meta): the handle is whatever the device's engine uses
 (a native array locally, a tensor id on a compute peer, a graph node in capture), the meta its
-shape and dtype, known without asking the engine. Operators delegate to the namespace
-functions; nothing here knows a particular op.
+shape and dtype, known without asking the engine. Nothing here knows a particular op or a
+layer above: the namespace installs the operators, indexing and transposes (namespace/methods.py),
+autodiff its methods, and the ember module itself is what ``__array_namespace__`` returns.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from . import dtypes as dt
 from .devices import Device, default_device
 from .devices import device as as_device
-from .errors import DeviceError, DTypeError, EmberError, ShapeError, UndeclaredInputError, with_prefix
+from .errors import DeviceError, DTypeError, EmberError, ShapeError, with_prefix
 from .ops.table import Meta, fmt_shape
 
 
@@ -24,6 +25,7 @@ class Array:
 
     __slots__ = ("_handle", "_meta", "_device", "__weakref__")
     __array_priority__ = 100  # NumPy defers mixed operators to ours
+    _namespace = None  # the ember module, set by it: the array knows no layer above it
 
     def __init__(self, *args, **kwargs):
         raise TypeError("ember arrays are made by ember functions, e.g. ember.asarray(...)")
@@ -63,22 +65,11 @@ class Array:
         """Number of elements."""
         return self._meta.size
 
-    @property
-    def T(self) -> Array:
-        """The array with its axes reversed."""
-        return _manipulation.permute_dims(self, tuple(range(self.ndim - 1, -1, -1)))
-
-    @property
-    def mT(self) -> Array:
-        """The transpose of the last two axes (a stack of matrices transposed)."""
-        return _linear_algebra.matrix_transpose(self)
-
     def __array_namespace__(self, *, api_version: str | None = None):
         """The ember module, which implements the Array API standard 2024.12."""
         if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
             raise ValueError(f"ember implements the Array API standard up to 2024.12, not {api_version!r}")
-        import ember
-        return ember
+        return Array._namespace
 
     # --- reads: the points that wait for the device --------------------------------------------
 
@@ -168,47 +159,6 @@ class Array:
 
     __hash__ = None  # type: ignore[assignment]
 
-    # --- indexing --------------------------------------------------------------------------------
-
-    def __getitem__(self, key) -> Array:
-        return _indexing.getitem(self, key)
-
-    def __setitem__(self, key, value) -> None:
-        self._rebind(_indexing.setitem(self, key, value), "__setitem__")
-
-    # --- autodiff (on arrays of an em.autodiff(...) device) -------------------------------------
-
-    def requires_grad_(self, requires_grad: bool = True) -> Array:
-        """Track gradients with respect to this array (it must be on an autodiff device)."""
-        from .autodiff import requires_grad_
-        return requires_grad_(self, requires_grad)
-
-    @property
-    def requires_grad(self) -> bool:
-        """Whether gradients flow to this array."""
-        return bool(getattr(self._handle, "requires_grad", False))
-
-    def backward(self, gradient: Array | None = None) -> None:
-        """Accumulate this (scalar) array's gradient into every leaf's ``.grad``."""
-        from .autodiff import backward
-        backward(self, gradient)
-
-    @property
-    def grad(self) -> Array | None:
-        """The gradient accumulated by ``backward`` (None before)."""
-        from .autodiff import get_grad
-        return get_grad(self)
-
-    @grad.setter
-    def grad(self, value) -> None:
-        from .autodiff import set_grad
-        set_grad(self, value)
-
-    def detach(self) -> Array:
-        """This array's value, cut from the gradient tape."""
-        from .autodiff import detach
-        return detach(self)
-
     def _rebind(self, result: Array, what: str) -> None:
         """Make this array hold ``result`` (in-place operators and item assignment)."""
         if result._meta.dtype is not self._meta.dtype:
@@ -221,7 +171,7 @@ class Array:
         if result._device is not self._device:
             if result._device.inner() is not self._device:
                 raise DeviceError(f"{what}: the result is on {result.device}, not on the array's {self.device}")
-            handle = handle.handle  # a tracked result written into an untracked array: its value only
+            handle = result._device.engine.unwrap(handle)  # a tracked result written into an untracked array: its value
         self._handle = self._device.engine.rebind(self._handle, handle)
 
 
@@ -276,13 +226,11 @@ def _common_device(op, first: Device, second: Device) -> Device:
     if first == second:
         # one hardware: a wrapper (autodiff) takes precedence over its inner device
         return first if first.inner() is not first else second
-    if "capture" in (first.inner().kind, second.inner().kind):
-        if first.inner().kind == second.inner().kind:
-            raise UndeclaredInputError(f"{op.name}: a tensor from another capture was used here; declare it with "
-                                       f"cap.input(...) or pass its value as a constant")
-        outside = second if first.inner().kind == "capture" else first
-        raise UndeclaredInputError(f"{op.name}: an array on {outside} met a captured one; a capture only sees its "
-                                   f"declared inputs (cap.input) and constants (em.asarray(value, device=cap.device))")
+    for mine, other in ((first, second), (second, first)):  # an engine may know better (a capture's inputs)
+        engine = mine.inner()._engine  # the engine its arrays came from: asking never starts a session
+        error = engine.mixing_error(op.name, mine, other) if engine is not None else None
+        if error is not None:
+            raise error
     raise DeviceError(f"{op.name}: arrays are on different devices, {first} and {second}; "
                       f"move one with x.to_device(...)")
 
@@ -302,60 +250,3 @@ def prefixed(name: str):
         wrapper.__wrapped__ = function
         return wrapper
     return decorate
-
-
-# --- operators: delegate to the namespace ------------------------------------------------------------
-
-def _operand(value) -> bool:
-    return isinstance(value, (Array, builtins.bool, int, float, complex))
-
-
-def _forward(function):
-    def method(self, other):
-        if not _operand(other):
-            return NotImplemented
-        return function(self, other)
-    return method
-
-
-def _reflected(function):
-    def method(self, other):
-        if not _operand(other):
-            return NotImplemented
-        return function(other, self)
-    return method
-
-
-def _in_place(function, name):
-    def method(self, other):
-        if not _operand(other):
-            return NotImplemented
-        self._rebind(function(self, other), name)
-        return self
-    return method
-
-
-def _install_operators():
-    ew = _elementwise
-    binary = {
-        "add": ew.add, "sub": ew.subtract, "mul": ew.multiply, "truediv": ew.divide, "floordiv": ew.floor_divide,
-        "mod": ew.remainder, "pow": ew.pow, "and": ew.bitwise_and, "or": ew.bitwise_or, "xor": ew.bitwise_xor,
-        "lshift": ew.bitwise_left_shift, "rshift": ew.bitwise_right_shift, "matmul": _linear_algebra.matmul,
-    }
-    for name, function in binary.items():
-        setattr(Array, f"__{name}__", _forward(function))
-        setattr(Array, f"__r{name}__", _reflected(function))
-        setattr(Array, f"__i{name}__", _in_place(function, f"__i{name}__"))
-    for name, function in {"eq": ew.equal, "ne": ew.not_equal, "lt": ew.less, "le": ew.less_equal,
-                           "gt": ew.greater, "ge": ew.greater_equal}.items():
-        setattr(Array, f"__{name}__", _forward(function))
-    for name, function in {"abs": ew.abs, "neg": ew.negative, "pos": ew.positive, "invert": ew.bitwise_invert}.items():
-        setattr(Array, f"__{name}__", function)
-
-
-from .namespace import elementwise as _elementwise  # noqa: E402  (operators bind to the namespace)
-from .namespace import indexing as _indexing  # noqa: E402
-from .namespace import linear_algebra as _linear_algebra  # noqa: E402
-from .namespace import manipulation as _manipulation  # noqa: E402
-
-_install_operators()

@@ -17,6 +17,7 @@ from .devices import AutodiffDevice, Device
 from .devices import device as as_device
 from .engines.autodiff import Var, grad_enabled, set_grad_enabled
 from .errors import DeviceError, DTypeError, EmberError, NotSupportedError
+from .namespace.creation import ones, zeros_like
 from .ops.gradients import NotDifferentiable
 from .trees import flatten, unflatten
 
@@ -62,6 +63,7 @@ def _var(x: Array, what: str) -> Var:
 
 
 def requires_grad_(x: Array, requires_grad: bool = True) -> Array:
+    """Track gradients with respect to this array (it must be on an autodiff device)."""
     var = _var(x, "requires_grad_")
     if requires_grad and not dt.in_category(x.dtype, "real floating"):
         raise DTypeError(f"requires_grad_: only real floating arrays can require gradients, got {x.dtype}")
@@ -104,7 +106,7 @@ def _plain(x: Array) -> Array:
 
 
 def backward(x: Array, gradient: Array | None = None) -> None:
-    """Accumulate d x / d leaf into the ``.grad`` of every leaf that requires grad."""
+    """Accumulate d x / d leaf into the ``.grad`` of every leaf that requires grad (``x.backward()``)."""
     var = _var(x, "backward")
     if not var.requires_grad:
         reason = f": it comes from {var.stopped_by}, which has no gradient" if var.stopped_by else \
@@ -117,7 +119,6 @@ def backward(x: Array, gradient: Array | None = None) -> None:
 
 
 def _seed(x: Array, gradient, what: str) -> Array:
-    from .namespace.creation import ones
     if gradient is None:
         if x.size != 1:
             raise EmberError(f"{what}: the output has shape {x.shape}; pass a gradient for a non-scalar output")
@@ -263,7 +264,6 @@ def grad(function, argnums=0, has_aux: bool = False):
 
 
 def _zeros_like(a: Array) -> Array:
-    from .namespace.creation import zeros_like
     return zeros_like(a, device=a.device.inner())
 
 
@@ -271,3 +271,21 @@ def _detach_tree(tree):
     leaves: list = []
     structure = flatten(tree, leaves)
     return unflatten(structure, [_plain(leaf) for leaf in leaves])
+
+
+# --- installed on the array object, which knows nothing of autodiff ---------------------------------
+
+def _requires_grad(x: Array) -> bool:
+    """Whether gradients flow to this array."""
+    return bool(getattr(x._handle, "requires_grad", False))
+
+
+def _install() -> None:
+    Array.requires_grad_ = requires_grad_
+    Array.requires_grad = property(_requires_grad)
+    Array.backward = backward
+    Array.grad = property(get_grad, set_grad, doc="The gradient accumulated by ``backward`` (None before).")
+    Array.detach = detach
+
+
+_install()

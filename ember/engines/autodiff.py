@@ -105,3 +105,7 @@ class AutodiffEngine(Engine):
                                  "update parameters inside `with em.no_grad():`")
             return Var(new.handle if type(new) is Var else new, requires_grad=True, grad=old.grad)
         return new
+
+    def unwrap(self, handle):
+        """A tracked value's handle on the inner device: its value, cut from the tape."""
+        return handle.handle if type(handle) is Var else handle

@@ -69,6 +69,15 @@ class Engine:
         """The handle an array holds after an in-place update from ``old`` to ``new``."""
         return new
 
+    def unwrap(self, handle):
+        """The inner device's handle inside ``handle`` (a wrapping engine, autodiff, overrides)."""
+        return handle
+
+    def mixing_error(self, what: str, mine, other):
+        """An error that explains why an array on ``other`` cannot meet one of this engine's device
+        ``mine`` better than the generic DeviceError does (None: no better explanation)."""
+        return None
+
     def sync(self) -> None:
         """Wait until every submitted op has run; raise the first deferred error."""
 

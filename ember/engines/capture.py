@@ -77,6 +77,13 @@ class CaptureEngine(Engine):
         self.ops_recorded += 1
         return tuple(Node(self.scope, m, record, i) for i, m in enumerate(metas)), metas
 
+    def mixing_error(self, what: str, mine, other) -> UndeclaredInputError:
+        if other.inner().kind == "capture":
+            return UndeclaredInputError(f"{what}: a tensor from another capture was used here; declare it with "
+                                        f"cap.input(...) or pass its value as a constant")
+        return UndeclaredInputError(f"{what}: an array on {other} met a captured one; a capture only sees its declared "
+                                    f"inputs (cap.input) and constants (em.asarray(value, device=cap.device))")
+
     def upload(self, host: np.ndarray, copy=None) -> Node:
         if self.scope is not None and self.scope.closed:
             raise ScopeClosedError("asarray: this capture scope is closed")
