@@ -147,7 +147,7 @@ def _topological(roots: list[Var]) -> list:
 
 def _run_backward(roots: list, seeds: list) -> dict:
     """Cotangents of every leaf Var that requires grad, as arrays of the inner device."""
-    import ember as xp  # the rules are written with the namespace
+    xp = Array._namespace  # the rules are written with the ember namespace (set by the module above us)
     cot: dict = {}
     leaves: dict = {}
 
