@@ -152,7 +152,7 @@ def test_hosting_is_validated_before_binding(spec, message):
 
 
 def test_autodiff_wrappers_are_stripped_before_hosting():
-    from ember.remote.server import hosted_devices
+    from ember.remote.session import hosted_devices
     assert [str(d) for d in hosted_devices(em.autodiff("numpy"))] == ["numpy"]
     server = em.Server(em.autodiff("numpy"), "127.0.0.1:0").start()
     try:
@@ -534,7 +534,7 @@ def test_protocol_reader_on_byte_fixtures():
 
 
 def test_buffer_pool_reuses_only_unshared_buffers():
-    from ember.remote.server import BufferPool
+    from ember.remote.session import BufferPool
     pool = BufferPool(minimum=1024)
     a = pool.allocate((64, 64), np.dtype(np.float32))
     address = a.__array_interface__["data"][0]

@@ -1,65 +1,25 @@
 """Compute peers: ``serve`` / ``Server`` host the local devices of one backend.
 
-Each connection is one session with its own table of tensors. :class:`Session` is the protocol
-logic without I/O (a frame in, replies out); the server's threads only move frames. Ops run
-through the same :class:`LocalEngine` as local execution, after the op row's meta rule has
-validated them, so a peer executes nothing the table would refuse locally.
+The I/O shell: it listens, tells TCP from WebSocket clients on one port, and moves frames
+between sockets and the sans-I/O :class:`~ember.remote.session.Host` (the handshake) and
+:class:`~ember.remote.session.Session` (one per connection, its own table of tensors).
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import logging
-import math
 import socket
-import sys
 import threading
-import uuid
 
-import numpy as np
-
-from .. import dtypes as dt
-from ..devices import LocalDevice
-from ..devices import device as as_device
-from ..engines.local import LocalEngine
-from ..errors import ArgumentError, EmberError, HostDeviceError, ProtocolError
-from ..ops import OPS
-from ..ops.table import REQUIRED, Meta
+from ..errors import ArgumentError, EmberError, ProtocolError
 from ..wire import protocol as wire
-from ..wire.protocol import Frame, Limits
+from ..wire.protocol import Limits
 from ..wire.tcp import TcpConnection
 from ..wire.websocket import accept as accept_websocket
+from .session import BufferPool, Host, hosted_devices
 
 log = logging.getLogger("ember.serve")
-
-#: what each kind of device means for hosting: None (it executes) or why it cannot be hosted
-HOSTING_REFUSALS = {
-    "local": None,
-    "capture": "cannot host a remote server on a capture device — capture records operations without "
-               "executing them; host the underlying backend instead (e.g. `numpy`)",
-    "remote": "cannot host a remote server on a remote device — run `ember serve` on the machine that owns "
-              "the hardware",
-}
-
-
-def hosted_devices(device) -> list[LocalDevice]:
-    """The devices a peer serving ``device`` hosts, by hardware index; HostDeviceError if none.
-
-    Autodiff is stripped (gradients are the client's concern); a backend hosts all its devices
-    of that kind: ``torch:cuda:1`` hosts every CUDA device.
-    """
-    target = as_device(device).inner()
-    refusal = HOSTING_REFUSALS.get(target.kind, f"cannot host a remote server on a {target.kind} device")
-    if refusal:
-        raise HostDeviceError(refusal)
-    from ..backends import backend_module
-    family = str(target).rsplit(":", 1)[0] if str(target).startswith("torch:cuda") else str(target)
-    try:
-        names = backend_module(target.backend_name).devices()
-    except ImportError as error:
-        raise HostDeviceError(f"cannot host {target}: {target.backend_name} is not installed ({error})") from None
-    return [as_device(n) for n in names if n == family or n.startswith(family + ":")] or [target]
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:
@@ -78,355 +38,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-_SCALAR_METAS = {d.name: Meta((), d) for d in dt.ALL}
-
-
-class BufferPool:
-    """Keeps the buffers of freed received tensors for the next upload of the same size (a
-    caching allocator): a fresh 256 MiB buffer costs tens of milliseconds of page faults that a
-    reused one does not. A buffer is kept only when nothing else refers to it."""
-
-    def __init__(self, capacity: int = 1 << 30, minimum: int = 1 << 20):
-        self.capacity, self.minimum = capacity, minimum
-        self.free: dict[int, list] = {}
-        self.total = 0
-
-    def allocate(self, shape: tuple, dtype) -> np.ndarray:
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.minimum:
-            return np.empty(shape, dtype)
-        stack = self.free.get(nbytes)
-        if stack:
-            buffer = stack.pop()
-            self.total -= nbytes
-        else:
-            buffer = np.empty(nbytes, np.uint8)
-        return buffer.view(dtype).reshape(shape)
-
-    def release(self, array) -> None:
-        """Offer ``array`` (just removed from a session) for reuse."""
-        if type(array) is not np.ndarray:
-            return
-        root = array.base
-        if type(root) is not np.ndarray or root.dtype != np.uint8 or root.ndim != 1 or root.nbytes < self.minimum:
-            return
-        # held only by the caller, this call and getrefcount: no view or other tensor shares it
-        if sys.getrefcount(array) > 3 or sys.getrefcount(root) > 3 or self.total + root.nbytes > self.capacity:
-            return
-        self.free.setdefault(root.nbytes, []).append(root)
-        self.total += root.nbytes
-
-
-class Poison:
-    """What a failed op leaves in its outputs: the error, raised where they are read."""
-
-    __slots__ = ("kind", "message")
-
-    def __init__(self, kind: str, message: str):
-        self.kind, self.message = kind, message
-
-
-def _error_kind(error: Exception) -> str:
-    return type(error).__name__ if isinstance(error, EmberError) else "ExecutionError"
-
-
-class Session:
-    """One client's session, without I/O: :meth:`handle` takes a frame and returns the reply
-    frames to send (header, segments)."""
-
-    def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry | None = None,
-                 pool: BufferPool | None = None):
-        self.engine = engine
-        self.pool = pool or BufferPool()
-        self.limits = limits
-        self.registry = registry
-        self.tensors: dict[int, object] = {}   # id -> native array or Poison
-        self.metas: dict[int, Meta] = {}
-        self.unreported: list[Poison] = []      # failures since the last sync
-        self.graphs: dict[int, tuple] = {}      # registered graphs, by number
-        self.ops = 0
-
-    # -- bookkeeping --
-    def live_bytes(self) -> int:
-        return sum(math.prod(m.shape) * m.dtype.itemsize for m in self.metas.values() if None not in m.shape)
-
-    def close(self) -> None:
-        self.tensors.clear()
-        self.metas.clear()
-        self.graphs.clear()
-
-    def _store(self, tid, value, meta: Meta | None) -> None:
-        if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
-            raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
-        self.tensors[tid] = value
-        if meta is not None:
-            self.metas[tid] = meta
-        else:
-            self.metas.pop(tid, None)
-
-    def _poison(self, outputs, kind: str, message: str) -> None:
-        poison = Poison(kind, message)
-        for tid in outputs:
-            self._store(tid, poison, None)
-        self.unreported.append(poison)
-
-    # -- the frame handler --
-    def handle(self, frame: Frame) -> list[tuple[dict, list]]:
-        header = frame.header
-        kind = header.get("t")
-        if kind == "close":
-            return []
-        if kind != "batch":
-            raise ProtocolError(f"unexpected frame type {kind!r} in a session")
-        messages = header.get("m", ())
-        if not isinstance(messages, tuple):
-            raise ProtocolError("a batch's 'm' must be a list of messages")
-        replies: list = []
-        segments: list = []
-        handlers, run_op = self._HANDLERS, self._op
-        for message in messages:
-            try:
-                if type(message) is tuple and len(message) == 5 and message[0] == "op":
-                    run_op(message)  # ops are most messages: no dispatch, no slicing
-                    continue
-                if type(message) is not tuple or not message or type(message[0]) is not str:
-                    raise ProtocolError(f"malformed message {message!r:.80}")
-                handler = handlers.get(message[0])
-                if handler is None:
-                    raise ProtocolError(f"unknown message type {message[0]!r}")
-                handler(self, message[1:], frame.segments, replies, segments)
-            except (TypeError, ValueError, IndexError) as error:
-                if isinstance(error, EmberError):
-                    raise
-                raise ProtocolError(f"malformed {message[0]!r:.20} message: {error}") from None
-        return [({"t": "reply", "m": replies}, segments)] if replies else []
-
-    def _op(self, message) -> None:
-        _, name, inputs, outputs, attrs = message
-        if type(outputs) is not tuple or type(inputs) is not tuple or type(attrs) is not dict:
-            raise ProtocolError("an op message is (name, inputs, outputs, attrs)")
-        self.ops += 1
-        op = OPS.get(name) if type(name) is str else None
-        if op is None:
-            self._poison(outputs, "ProtocolError", f"unknown op {name!r}")
-            return
-        tensors, known = self.tensors, self.metas
-        handles, metas = [], []
-        for ref in inputs:
-            if type(ref) is int:
-                value = tensors.get(ref)
-                if value is not None and type(value) is not Poison:
-                    handles.append(value)
-                    metas.append(known[ref])
-                    continue
-            if type(ref) is tuple:  # a literal: (value, dtype name)
-                value, dtype = ref
-                meta = _SCALAR_METAS.get(dtype)
-                if meta is None or not dt.is_python_scalar(value):
-                    raise ProtocolError(f"{name}: malformed literal input {ref!r:.60}")
-                handles.append(value)
-                metas.append(meta)
-                continue
-            # here the reference names no live tensor: a failure upstream, or nothing at all
-            value = tensors.get(ref) if type(ref) is int else None
-            if type(value) is Poison:  # the failure travels to everything that depends on it
-                for tid in outputs:
-                    self._store(tid, value, None)
-            else:
-                self._poison(outputs, "ExecutionError", f"{name}: unknown tensor id {ref!r} (dropped, or from another session)")
-            return
-        try:
-            if attrs or op.attrs:
-                attrs = self._full_attrs(op, attrs)
-            metas = tuple(metas)
-            attrs, out_metas = op.infer(metas, attrs)
-            if len(out_metas) != len(outputs):
-                raise ProtocolError(f"{name}: {len(outputs)} output ids for {len(out_metas)} outputs")
-            self._check_size(name, out_metas)
-            values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
-        except Exception as error:  # a peer never crashes on bad input: the outputs carry the error
-            self._poison(outputs, _error_kind(error), str(error) if str(error).startswith(name) else f"{name}: {error}")
-            return
-        for tid, value, meta in zip(outputs, values, out_metas):
-            if type(tid) is not int or tid < 0:
-                raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
-            tensors[tid] = value
-            known[tid] = meta
-
-    @staticmethod
-    def _full_attrs(op, attrs: dict) -> dict:
-        """The row's attributes in its order, defaults filled in; unknown or missing ones refused."""
-        unknown = attrs.keys() - op.attrs.keys()
-        if unknown:
-            raise ProtocolError(f"{op.name}: unknown attribute {sorted(unknown)[0]!r}")
-        full = {k: attrs.get(k, default) for k, default in op.attrs.items()}
-        if any(v is REQUIRED for v in full.values()):
-            raise ProtocolError(f"{op.name}: a required attribute is missing")
-        return full
-
-    def _put(self, body, frame_segments, replies, segments) -> None:
-        tid, index = body
-        host = frame_segments[index]
-        handle = self.engine.upload(host)
-        self._store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]))
-        if handle is not host:  # the backend copied it (to a GPU): the buffer can serve the next upload
-            frame_segments[index] = None
-            self.pool.release(host)
-
-    def _read(self, tid, rid, replies) -> object | None:
-        value = self.tensors.get(tid) if isinstance(tid, int) else None
-        if value is None:
-            replies.append(("error", rid, "ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)"))
-            return None
-        if isinstance(value, Poison):
-            replies.append(("error", rid, value.kind, value.message))
-            return None
-        return value
-
-    def _get(self, body, frame_segments, replies, segments) -> None:
-        rid, tid = body
-        value = self._read(tid, rid, replies)
-        if value is not None:
-            replies.append(("data", rid, len(segments)))
-            segments.append(self.engine.download(value))
-
-    def _shape(self, body, frame_segments, replies, segments) -> None:
-        rid, ids = body
-        shapes = []
-        for tid in ids:
-            if self._read(tid, rid, replies) is None:
-                return
-            shapes.append(self.metas[tid].shape)
-        replies.append(("shapes", rid, tuple(shapes)))
-
-    def _sync(self, body, frame_segments, replies, segments) -> None:
-        (rid,) = body
-        if self.unreported:
-            first = self.unreported[0]
-            self.unreported.clear()
-            replies.append(("error", rid, first.kind, first.message))
-        else:
-            replies.append(("ok", rid))
-
-    def _drop(self, body, frame_segments, replies, segments) -> None:
-        (ids,) = body
-        release = self.pool.release
-        for tid in ids:
-            value = self.tensors.pop(tid, None)
-            self.metas.pop(tid, None)
-            release(value)
-            del value
-
-    def _stats(self, body, frame_segments, replies, segments) -> None:
-        (rid,) = body
-        stats = {"session_tensors": len(self.tensors), "session_bytes": self.live_bytes(), "session_ops": self.ops}
-        if self.registry is not None:
-            stats.update(self.registry.stats())
-        replies.append(("stats", rid, stats))
-
-    # -- graphs: registered once, then run by number --
-    def _graph(self, body, frame_segments, replies, segments) -> None:
-        gid, inputs, outputs, ops, constants = body
-        known = {tid: Meta(tuple(shape), dtype) for tid, dtype, shape in inputs}
-        values = {}
-        for tid, index in constants:
-            host = frame_segments[index]
-            values[tid] = self.engine.upload(host)
-            known[tid] = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
-        records, error, plan = [], None, None
-        try:  # validate the whole graph once: every row's meta rule, every size limit
-            for name, refs, outs, attrs in ops:
-                op = OPS.get(name) if type(name) is str else None
-                if op is None:
-                    raise ProtocolError(f"unknown op {name!r}")
-                in_metas = tuple(known[r] if type(r) is int else _SCALAR_METAS[r[1]] for r in refs)
-                full, out_metas = op.infer(in_metas, self._full_attrs(op, attrs))
-                if len(out_metas) != len(outs):
-                    raise ProtocolError(f"{name}: {len(outs)} output ids for {len(out_metas)} outputs")
-                if any(None in m.shape for m in out_metas):
-                    raise ProtocolError(f"{name}: data-dependent shapes cannot be part of a graph")
-                self._check_size(name, out_metas)
-                records.append((op, tuple(refs), tuple(outs), full))
-                known.update(zip(outs, out_metas))
-            missing = [o for o in outputs if o not in known]
-            if missing:
-                raise ProtocolError(f"graph output {missing[0]} is not produced by the graph")
-            plan = self.engine.compile(records, [tid for tid, _, _ in inputs], values, outputs)
-        except Exception as failure:
-            error = Poison(_error_kind(failure), f"graph: {failure}")
-        input_metas = tuple((tid, known[tid]) for tid, _, _ in inputs) if error is None else ()
-        self.graphs[gid] = (input_metas, tuple(outputs), plan, {o: known.get(o) for o in outputs}, error)
-
-    def _run(self, body, frame_segments, replies, segments) -> None:
-        gid, input_ids, output_ids = body
-        graph = self.graphs.get(gid)
-        if graph is None:
-            self._poison(output_ids, "ExecutionError", f"run: unknown graph {gid!r}")
-            return
-        inputs, outputs, plan, out_metas, error = graph
-        if error is not None:
-            for tid in output_ids:
-                self._store(tid, error, None)
-            self.unreported.append(error)
-            return
-        if len(input_ids) != len(inputs) or len(output_ids) != len(outputs):
-            self._poison(output_ids, "ProtocolError", f"run: graph {gid!r} takes {len(inputs)} inputs and gives "
-                                                      f"{len(outputs)} outputs; got {len(input_ids)} input ids and "
-                                                      f"{len(output_ids)} output ids")
-            return
-        values = []
-        for (node, meta), tid in zip(inputs, input_ids):
-            value = self.tensors.get(tid)
-            if value is None:
-                self._poison(output_ids, "ExecutionError", f"run: unknown tensor id {tid!r} (dropped, or from another session)")
-                return
-            if type(value) is Poison:  # the failure travels on, reported once
-                for out in output_ids:
-                    self._store(out, value, None)
-                return
-            if self.metas[tid] != meta:
-                self._poison(output_ids, "ShapeError", f"run: input {node} expects {meta.shape} {meta.dtype}, "
-                                                        f"got {self.metas[tid].shape} {self.metas[tid].dtype}")
-                return
-            values.append(value)
-        try:
-            results = plan.run(values)
-        except Exception as failure:
-            self._poison(output_ids, _error_kind(failure), str(failure))
-            return
-        self.ops += len(plan.steps)
-        for tid, node, value in zip(output_ids, outputs, results):
-            self._store(tid, value, out_metas[node])
-
-    def _forget(self, body, frame_segments, replies, segments) -> None:
-        (gid,) = body
-        self.graphs.pop(gid, None)
-
-    def _check_size(self, name, out_metas) -> None:
-        limit = self.limits.max_tensor_bytes
-        for meta in out_metas:
-            if None not in meta.shape and math.prod(meta.shape) * meta.dtype.itemsize > limit:
-                raise ProtocolError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
-                                    f"tensor limit of {limit} bytes")
-
-    # "op" messages of the right length go straight to _op; this entry sees malformed ones
-    _HANDLERS = {"op": lambda self, body, *_: self._op(("op", *body)), "put": _put, "get": _get, "shape": _shape,
-                 "sync": _sync, "drop": _drop, "stats": _stats, "graph": _graph, "run": _run, "forget": _forget}
-
-
-class Registry:
-    """The live sessions of a server (for its counters)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.sessions: set[Session] = set()
-
-    def stats(self) -> dict:
-        with self.lock:
-            sessions = list(self.sessions)
-        return {"sessions": len(sessions), "live_tensors": sum(len(s.tensors) for s in sessions)}
-
-
 class Server:
     """A compute peer serving ``device``'s backend on ``listen`` ("HOST:PORT"; port 0 picks one).
 
@@ -437,15 +48,14 @@ class Server:
 
     def __init__(self, device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None,
                  insecure: bool = False, limits: Limits = Limits(), timeout: float | None = None):
-        self.devices = hosted_devices(device)
+        devices = hosted_devices(device)
         self.host, self.port = _parse_listen(listen)
         if not is_loopback(self.host) and not token and not insecure:
             raise ArgumentError(f"refusing to listen on {listen} without a token: anyone who reaches it could use this "
                                 f"machine's devices; pass a token (--token-file) or insecure=True (--insecure)")
-        self.token = token or None
         self.limits = limits
         self.timeout = timeout
-        self.registry = Registry()
+        self.hosting = Host(devices, token or None, limits)
         self._listener: socket.socket | None = None
         self._threads: set[threading.Thread] = set()
         self._connections: set = set()
@@ -458,8 +68,13 @@ class Server:
         return f"{self.host}:{self.port}"
 
     @property
+    def devices(self) -> list:
+        """The hosted devices, by index."""
+        return self.hosting.devices
+
+    @property
     def backend_name(self) -> str:
-        return self.devices[0].backend_name
+        return self.hosting.backend_name
 
     def start(self) -> Server:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -535,7 +150,9 @@ class Server:
                 TcpConnection(sock, self.limits, 10, pool.allocate)
             with self._lock:
                 self._connections.add(connection)
-            session = self._handshake(connection, pool)
+            session, replies = self.hosting.open(connection.receive(), pool)
+            for header, segments in replies:
+                connection.send(wire.encode_frame(header, segments))
             if session is None:
                 return
             sock.settimeout(self.timeout)
@@ -558,9 +175,7 @@ class Server:
             log.exception("unexpected error in a session")
         finally:
             if session is not None:
-                with self.registry.lock:
-                    self.registry.sessions.discard(session)
-                session.close()
+                self.hosting.close(session)
             if connection is not None:
                 connection.close()
                 with self._lock:
@@ -569,42 +184,6 @@ class Server:
                 sock.close()
             with self._lock:
                 self._threads.discard(threading.current_thread())
-
-    def _handshake(self, connection, pool: BufferPool) -> Session | None:
-        frame = connection.receive()
-        header = frame.header
-        if header.get("t") != "init":
-            raise ProtocolError("the first frame must be an init")
-
-        def refuse(kind: str, reason: str) -> None:
-            connection.send(wire.encode_frame({"t": "refuse", "kind": kind, "reason": reason}))
-
-        version = header.get("v")
-        if version != wire.VERSION:
-            refuse("ProtocolError", f"protocol version {version!r} is not supported: this peer speaks version {wire.VERSION}")
-            return None
-        token = header.get("token")
-        if self.token is not None and not (isinstance(token, str) and hmac.compare_digest(token.encode(), self.token.encode())):
-            refuse("AccessDenied", "bad or missing token: pass it in the device string (ember://TOKEN@host:port/0) "
-                                   "or in EMBER_TOKEN")
-            return None
-        index = header.get("device", 0)
-        if not isinstance(index, int) or not 0 <= index < len(self.devices):
-            refuse("DeviceError", f"this peer hosts {len(self.devices)} device(s) "
-                                  f"({', '.join(str(d) for d in self.devices)}); index {index!r} does not exist")
-            return None
-        hosted = self.devices[index]
-        engine = LocalEngine(hosted.engine.backend)
-        session = Session(engine, self.limits, self.registry, pool)
-        with self.registry.lock:
-            self.registry.sessions.add(session)
-        connection.send(wire.encode_frame({
-            "t": "info", "v": wire.VERSION, "session": uuid.uuid4().hex, "backend": self.backend_name,
-            "device": str(hosted), "devices": tuple(str(d) for d in self.devices), "device_count": len(self.devices),
-            "dtypes": tuple(d.name for d in hosted.engine.backend.dtypes), "limits": self.limits.as_dict(),
-        }))
-        return session
-
 
 def serve(device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None, insecure: bool = False,
           limits: Limits = Limits()) -> None:
