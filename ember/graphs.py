@@ -41,7 +41,8 @@ from .errors import (
     UndeclaredInputError,
 )
 from .ops import OPS
-from .ops.table import REQUIRED, Meta, fmt_shape
+from .ops.records import LITERAL_METAS, OpRecord, check_records
+from .ops.table import Meta, fmt_shape
 from .trees import flatten, unflatten
 
 GRAPH_FORMAT_VERSION = 1
@@ -51,22 +52,13 @@ __all__ = ["CaptureScope", "CapturedGraph", "capture", "load_graph", "jit", "Sco
            "UndeclaredInputError"]
 
 
-@dataclass
-class GraphOp:
-    """One op of a graph: row name, inputs (ids or literals), output ids, canonical attributes."""
-    name: str
-    inputs: tuple
-    outputs: tuple
-    attrs: dict
-
-
 @dataclass(eq=False)
 class CapturedGraph:
     """A recorded computation: call it to replay it on any executing device."""
 
     inputs: list            # [(name, id, Meta)]
     outputs: list           # [(name, id)]
-    ops: list               # [GraphOp]
+    ops: list               # [OpRecord]
     constants: dict         # id -> read-only NumPy array
     metas: dict             # id -> Meta, for every node
     _uploads: dict = field(default_factory=dict, repr=False)  # engine -> constant handles
@@ -127,7 +119,7 @@ class CapturedGraph:
         total = 0
         for op in self.ops:
             row = OPS[op.name]
-            ins = [self.metas[i] if isinstance(i, int) else Meta((), dt.from_name(i[1])) for i in op.inputs]
+            ins = [self.metas[i] if isinstance(i, int) else LITERAL_METAS[i[1]] for i in op.inputs]
             outs = [self.metas[i] for i in op.outputs]
             if row.flops is not None:
                 total += row.flops(ins, outs, op.attrs)
@@ -310,7 +302,7 @@ def load_graph(path) -> CapturedGraph:
         graph = CapturedGraph(
             inputs=[(n, i, Meta(tuple(shape), dtype)) for n, i, dtype, shape in header["inputs"]],
             outputs=[(n, i) for n, i in header["outputs"]],
-            ops=[GraphOp(name, tuple(inputs), tuple(outputs), dict(attrs)) for name, inputs, outputs, attrs in header["ops"]],
+            ops=[OpRecord(name, tuple(inputs), tuple(outputs), dict(attrs)) for name, inputs, outputs, attrs in header["ops"]],
             constants={i: _read_only(segments[k]) for k, i in enumerate(header["constants"])},
             metas=metas,
         )
@@ -343,38 +335,17 @@ def validate(graph: CapturedGraph) -> None:
             raise GraphFormatError(f"input {name!r} is {_show(meta)}, but its node {node} is recorded as "
                                    f"{_show(graph.metas.get(node))}")
     for node, value in graph.constants.items():
-        meta = Meta(value.shape, dt.from_name(value.dtype.name))
+        meta = Meta(value.shape, dt.FROM_NUMPY[value.dtype])
         if graph.metas.get(node) != meta:
             raise GraphFormatError(f"constant {node} holds {_show(meta)}, but is recorded as {_show(graph.metas.get(node))}")
         known[node] = meta
-    for op in graph.ops:
-        row = OPS.get(op.name) if type(op.name) is str else None
-        if row is None:
-            raise GraphFormatError(f"unknown op {op.name!r} in the graph")
-        ins = []
-        for ref in op.inputs:
-            if type(ref) is int:
-                if ref not in known:
-                    raise GraphFormatError(f"{op.name} reads node {ref}, which nothing before it produced")
-                ins.append(known[ref])
-            elif type(ref) is tuple and len(ref) == 2 and dt.is_python_scalar(ref[0]) and ref[1] in dt.BY_NAME:
-                ins.append(Meta((), dt.from_name(ref[1])))
-            else:
-                raise GraphFormatError(f"{op.name}: malformed literal input {ref!r:.60}")
-        unknown = op.attrs.keys() - row.attrs.keys()
-        if unknown:
-            raise GraphFormatError(f"{op.name}: unknown attribute {sorted(unknown)[0]!r}")
-        attrs = {k: op.attrs.get(k, v) for k, v in row.attrs.items()}
-        missing = [k for k, v in attrs.items() if v is REQUIRED]
-        if missing:
-            raise GraphFormatError(f"{op.name}: the required attribute {missing[0]!r} is missing")
-        rewritten = [o for o in op.outputs if o in known]
-        if rewritten:
-            raise GraphFormatError(f"{op.name} writes node {rewritten[0]}, which is produced already")
-        _, outs = row.infer(tuple(ins), attrs)
-        if len(outs) != len(op.outputs) or any(graph.metas.get(i) != m for i, m in zip(op.outputs, outs)):
-            raise GraphFormatError(f"{op.name}: the recorded output metas disagree with the op table")
-        known.update(zip(op.outputs, outs))
+    try:
+        checked = check_records(graph.ops, known)
+    except ProtocolError as error:
+        raise GraphFormatError(str(error)) from None
+    for row, _, outputs, _, out_metas in checked:
+        if any(graph.metas.get(i) != m for i, m in zip(outputs, out_metas)):
+            raise GraphFormatError(f"{row.name}: the recorded output metas disagree with the op table")
     for name, node in graph.outputs:
         if node not in known:
             raise GraphFormatError(f"output {name!r} is not produced by the graph")
@@ -486,7 +457,7 @@ def _extract(inputs, outputs) -> CapturedGraph:
         emitted.add(id(record))
         refs = tuple(ids[key(ref)] if type(ref) is Node else ref for ref in record.inputs)
         outs = tuple(number((id(record), i), m) for i, m in enumerate(record.metas))
-        ops.append(GraphOp(record.op.name, refs, outs, dict(record.attrs)))
+        ops.append(OpRecord(record.op.name, refs, outs, dict(record.attrs)))
     return CapturedGraph([(n, ids[key(node)], node.meta) for n, node in inputs],
                          [(n, ids[key(node)]) for n, node in outputs], ops, constants, metas)
 

@@ -76,7 +76,7 @@ TAMPERED = {  # name -> (header entries replaced, what the error names)
     "literal of no dtype": ({"ops": _op(2, inputs=(3, (1.5, "float128")))}, "add: malformed literal input (1.5, 'float128')"),
     "recorded shape disagrees": ({"metas": _meta(3, shape=(3,))}, "sum: the recorded output metas disagree with the op table"),
     "recorded dtype disagrees": ({"metas": _meta(3, dtype=em.float64)}, "sum: the recorded output metas disagree"),
-    "one output too many": ({"ops": _op(1, outputs=(3, 5))}, "sum: the recorded output metas disagree"),
+    "one output too many": ({"ops": _op(1, outputs=(3, 5))}, "sum: 2 output ids for 1 outputs"),
     "input disagrees with its node": ({"inputs": (("x", 0, em.float32, (5, 3)),)},
                                       "input 'x' is (5, 3) float32, but its node 0 is recorded as (2, 3) float32"),
     "input of no dtype": ({"inputs": (("x", 0, "float32", (2, 3)),)}, "input 'x' has no valid shape and dtype"),

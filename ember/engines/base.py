@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import from_name
+from ..ops.records import LITERAL_METAS
 from ..ops.table import Meta, Op
 
 
@@ -59,7 +59,7 @@ class Engine:
                     in_metas.append(metas[ref])
                 else:
                     handles.append(ref[0])
-                    in_metas.append(Meta((), from_name(ref[1])))
+                    in_metas.append(LITERAL_METAS[ref[1]])
             outs, _ = self.execute(OPS[op.name], tuple(handles), tuple(in_metas), op.attrs,
                                    tuple(metas[i] for i in op.outputs))
             env.update(zip(op.outputs, outs))

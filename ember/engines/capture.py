@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import DataDependentError, NoValueError, ScopeClosedError, UndeclaredInputError
+from ..ops.records import literal
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
 
@@ -67,7 +68,7 @@ class CaptureEngine(Engine):
                 self._check(value, op.name)
                 refs.append(value)
             else:
-                refs.append((value, meta.dtype.name))
+                refs.append(literal(value, meta.dtype))
         if op.data_dependent and any(None in m.shape for m in metas):
             raise DataDependentError(f"{op.name}: the output shape depends on the data (nonzero, unique, boolean "
                                      f"masks), which a capture cannot know; capture the computation around it instead")

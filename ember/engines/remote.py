@@ -20,6 +20,7 @@ from collections import deque
 import numpy as np
 
 from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError
+from ..ops.records import literal
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Limits
@@ -88,7 +89,7 @@ class RemoteEngine(Engine):
                                       f"move it with x.to_device({str(self.device)!r})")
                 raise ConnectionLost(f"{op.name}: an input lives in a lost session with {self.device}; its data is gone")
             else:
-                refs.append((value, meta.dtype.name))  # a literal
+                refs.append(literal(value, meta.dtype))
         ids = self._ids
         if len(metas) == 1:
             out = _new_handle(RemoteHandle)

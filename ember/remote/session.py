@@ -24,7 +24,8 @@ from ..devices import device as as_device
 from ..engines.local import LocalEngine
 from ..errors import EmberError, HostDeviceError, ProtocolError
 from ..ops import OPS
-from ..ops.table import REQUIRED, Meta
+from ..ops.records import check_records, full_attrs, literal_meta
+from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
 
@@ -57,9 +58,6 @@ def hosted_devices(device) -> list[LocalDevice]:
     except ImportError as error:
         raise HostDeviceError(f"cannot host {target}: {target.backend_name} is not installed ({error})") from None
     return [as_device(n) for n in names if n == family or n.startswith(family + ":")] or [target]
-
-
-_SCALAR_METAS = {d.name: Meta((), d) for d in dt.ALL}
 
 
 class BufferPool:
@@ -201,12 +199,8 @@ class Session:
                     metas.append(known[ref])
                     continue
             if type(ref) is tuple:  # a literal: (value, dtype name)
-                value, dtype = ref
-                meta = _SCALAR_METAS.get(dtype)
-                if meta is None or not dt.is_python_scalar(value):
-                    raise ProtocolError(f"{name}: malformed literal input {ref!r:.60}")
-                handles.append(value)
-                metas.append(meta)
+                metas.append(literal_meta(name, ref))
+                handles.append(ref[0])
                 continue
             # here the reference names no live tensor: a failure upstream, or nothing at all
             value = tensors.get(ref) if type(ref) is int else None
@@ -218,7 +212,7 @@ class Session:
             return
         try:
             if attrs or op.attrs:
-                attrs = self._full_attrs(op, attrs)
+                attrs = full_attrs(op, attrs)
             metas = tuple(metas)
             attrs, out_metas = op.infer(metas, attrs)
             if len(out_metas) != len(outputs):
@@ -233,17 +227,6 @@ class Session:
                 raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
             tensors[tid] = value
             known[tid] = meta
-
-    @staticmethod
-    def _full_attrs(op, attrs: dict) -> dict:
-        """The row's attributes in its order, defaults filled in; unknown or missing ones refused."""
-        unknown = attrs.keys() - op.attrs.keys()
-        if unknown:
-            raise ProtocolError(f"{op.name}: unknown attribute {sorted(unknown)[0]!r}")
-        full = {k: attrs.get(k, default) for k, default in op.attrs.items()}
-        if any(v is REQUIRED for v in full.values()):
-            raise ProtocolError(f"{op.name}: a required attribute is missing")
-        return full
 
     def _put(self, body, frame_segments, replies, segments) -> None:
         tid, index = body
@@ -316,19 +299,11 @@ class Session:
             known[tid] = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
         records, error, plan = [], None, None
         try:  # validate the whole graph once: every row's meta rule, every size limit
-            for name, refs, outs, attrs in ops:
-                op = OPS.get(name) if type(name) is str else None
-                if op is None:
-                    raise ProtocolError(f"unknown op {name!r}")
-                in_metas = tuple(known[r] if type(r) is int else _SCALAR_METAS[r[1]] for r in refs)
-                full, out_metas = op.infer(in_metas, self._full_attrs(op, attrs))
-                if len(out_metas) != len(outs):
-                    raise ProtocolError(f"{name}: {len(outs)} output ids for {len(out_metas)} outputs")
+            for row, refs, outs, attrs, out_metas in check_records(ops, known):
                 if any(None in m.shape for m in out_metas):
-                    raise ProtocolError(f"{name}: data-dependent shapes cannot be part of a graph")
-                self._check_size(name, out_metas)
-                records.append((op, tuple(refs), tuple(outs), full))
-                known.update(zip(outs, out_metas))
+                    raise ProtocolError(f"{row.name}: data-dependent shapes cannot be part of a graph")
+                self._check_size(row.name, out_metas)
+                records.append((row, refs, outs, attrs))
             missing = [o for o in outputs if o not in known]
             if missing:
                 raise ProtocolError(f"graph output {missing[0]} is not produced by the graph")
