@@ -118,3 +118,40 @@ def test_sgd_momentum_velocity_has_no_dampening():
         params, state = opt.update(params, [em.asarray(g)], state)
     np.testing.assert_array_equal(em.asnumpy(state[0]), g1 * 0.9 + g2)
     np.testing.assert_allclose(em.asnumpy(params[0]), p0 - 0.1 * g1 - 0.1 * (g1 * 0.9 + g2), rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("SGD", {"lr": 0.0}), ("SGD", {"lr": -0.1}), ("SGD", {"momentum": -0.5}), ("SGD", {"weight_decay": -1e-4}),
+    ("Adam", {"lr": 0.0}), ("Adam", {"eps": 0.0}), ("Adam", {"betas": (1.0, 0.999)}), ("Adam", {"betas": (0.9, -0.1)}),
+])
+def test_bad_hyperparameters_are_refused_naming_them(name, kwargs):
+    with pytest.raises(em.ArgumentError, match=rf"^{name}: lr .*; got ") as refused:
+        getattr(em.optim, name)([], **kwargs)
+    assert all(repr(v) in str(refused.value) or str(v) in str(refused.value) for v in kwargs.values())
+
+
+def test_boundary_hyperparameters_are_accepted():
+    """Zero momentum, weight decay and betas are valid (plain SGD; Adam without averaging)."""
+    sgd = em.optim.SGD([], lr=0.5, momentum=0.0, weight_decay=0.0)
+    assert (sgd.lr, sgd.momentum, sgd.weight_decay) == (0.5, 0.0, 0.0)
+    adam = em.optim.Adam([], lr=0.5, betas=(0.0, 0.0), eps=1e-3)
+    assert (adam.lr, adam.betas, adam.eps) == (0.5, (0.0, 0.0), 1e-3)
+
+
+def test_a_step_without_gradients_names_the_fix_and_changes_nothing():
+    w = em.asarray([1.0, 2.0], device=em.autodiff("numpy")).requires_grad_()
+    opt = em.optim.SGD([w], lr=0.1)
+    with pytest.raises(em.ArgumentError, match=r"^step: a parameter has no \.grad; call loss\.backward\(\) first"):
+        opt.step()
+    assert opt.state is None and em.asnumpy(w).tolist() == [1.0, 2.0]
+
+
+def test_plain_sgd_keeps_no_state_and_zero_grad_forgets():
+    w = em.asarray([1.0, -1.0], device=em.autodiff("numpy")).requires_grad_()
+    opt = em.optim.SGD([w], lr=0.5)
+    assert opt.init([w]) == ()
+    em.sum(w * w).backward()
+    opt.step()
+    assert em.asnumpy(w).tolist() == [0.0, 0.0] and opt.state == ()
+    opt.zero_grad()
+    assert w.grad is None and w.requires_grad

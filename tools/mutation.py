@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Mutation testing of ember, one group of modules at a time (mutmut 3).
+
+Each group names the modules it mutates and the tests that should catch a bug there, so a
+mutant runs a few test files, not the whole suite. A group runs in a throwaway copy of the
+checkout (mutmut writes mutants/ beside the sources), and the summary lists killed, survived,
+timed-out and untested mutants per module, then every survivor. docs/testing.md records the
+figures and a reason for each survivor.
+
+    pip install -e '.[test,torch,mutation]'
+    python tools/mutation.py                    # every group
+    python tools/mutation.py optim wire         # some groups
+    python tools/mutation.py --checkout DIR     # another checkout (an older commit, say)
+    python tools/mutation.py --modules ember/optim.py --tests tests/test_optim.py   # ad hoc
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GROUPS = {  # name -> (modules mutated, tests that judge them)
+    "optim": (["ember/optim.py"], ["tests/test_optim.py", "tests/test_train.py"]),
+    "autodiff": (["ember/autodiff.py", "ember/engines/autodiff.py"],
+                 ["tests/test_autodiff.py", "tests/test_array.py", "tests/test_optim.py"]),
+    "graphs": (["ember/graphs/*"], ["tests/test_capture.py", "tests/test_graph_files.py", "tests/test_readme.py"]),
+    "wire": (["ember/wire/protocol.py"], ["tests/test_remote.py", "tests/test_graph_files.py"]),
+    "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],
+                 ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_graph_files.py"]),
+}
+SLOW = ["--deselect=tests/test_train.py::test_the_example_reaches_95_percent"]  # a 400-step subprocess
+LEFT_BEHIND = shutil.ignore_patterns(".git", ".venv", "venv", "mutants", "build", "dist", "*.egg-info", "__pycache__",
+                                     ".hypothesis")
+STATUS = re.compile(r"^\s*(ember\.[\w.]+?)\.x[_ǁ]\S*__mutmut_\d+: (.+)$")  # module, status
+
+
+def _config(modules: list[str], tests: list[str]) -> str:
+    listed = ", ".join(json.dumps(m) for m in modules)
+    selection = ", ".join(json.dumps(t) for t in tests + SLOW)
+    return (f"[tool.mutmut]\nsource_paths = [\"ember/\"]\nonly_mutate = [{listed}]\n"
+            f"also_copy = [\"benchmarks/\", \"examples/\", \"README.md\", \"setup.py\"]\n"
+            f"pytest_add_cli_args_test_selection = [{selection}]\ntimeout_multiplier = 2.0\ntimeout_constant = 5.0\n")
+
+
+def run_group(checkout: Path, modules: list[str], tests: list[str], children: int) -> dict:
+    """Mutate ``modules`` of ``checkout`` judged by ``tests``; {module: Counter of statuses}, survivors."""
+    with tempfile.TemporaryDirectory(prefix="ember-mutation-") as scratch:
+        work = Path(scratch) / "checkout"
+        shutil.copytree(checkout, work, ignore=LEFT_BEHIND)
+        pyproject = (work / "pyproject.toml").read_text()
+        pyproject = re.sub(r"\n\[tool\.mutmut\]\n.*?(?=\n\[|\Z)", "\n", pyproject, flags=re.S)
+        (work / "pyproject.toml").write_text(pyproject + "\n" + _config(modules, tests))
+        mutmut = [sys.executable, "-m", "mutmut"]
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        ran = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=work, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        listing = subprocess.run([*mutmut, "results", "--all", "true"], cwd=work, env=env,
+                                 capture_output=True, text=True).stdout
+        if ran.returncode != 0 and not listing.strip():
+            raise SystemExit(f"mutmut failed in {work}:\n{ran.stderr[-3000:]}")
+        counts: dict = collections.defaultdict(collections.Counter)
+        survivors = {}
+        for line in listing.splitlines():
+            match = STATUS.match(line)
+            if match:
+                counts[match.group(1)][match.group(2).strip()] += 1
+                if match.group(2).strip() == "survived":
+                    name = line.strip().rsplit(":", 1)[0]
+                    survivors[name] = subprocess.run([*mutmut, "show", name], cwd=work, env=env,
+                                                     capture_output=True, text=True).stdout
+    return {"counts": {m: dict(c) for m, c in counts.items()}, "survivors": survivors}
+
+
+def kill_rate(counts: dict) -> float:
+    """Killed (a failing test or a timeout) over mutants that some test ran."""
+    caught = counts.get("killed", 0) + counts.get("timeout", 0)
+    judged = caught + counts.get("survived", 0)
+    return caught / judged if judged else float("nan")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("groups", nargs="*", metavar="GROUP", help=f"groups to run (default: all): {', '.join(GROUPS)}")
+    parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser.add_argument("--modules", nargs="+", help="mutate these files or globs instead of a group's")
+    parser.add_argument("--tests", nargs="+", help="with --modules: the test files that judge them")
+    parser.add_argument("--children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--json", metavar="FILE", help="also write the figures and survivors as JSON")
+    args = parser.parse_args(argv)
+    if args.modules:
+        jobs = {"ad hoc": (args.modules, args.tests or ["tests/"])}
+    else:
+        unknown = [g for g in args.groups if g not in GROUPS]
+        if unknown:
+            parser.error(f"unknown group {unknown[0]!r}; choose from {', '.join(GROUPS)}")
+        jobs = {g: GROUPS[g] for g in args.groups or GROUPS}
+    report = {}
+    for name, (modules, tests) in jobs.items():
+        start = time.monotonic()
+        print(f"mutating {name}: {', '.join(modules)} (judged by {', '.join(tests)}) …", file=sys.stderr, flush=True)
+        report[name] = run_group(args.checkout, modules, tests, args.children)
+        report[name]["seconds"] = round(time.monotonic() - start)
+    print(f"{'module':<32}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'untested':>9}{'kill rate':>10}")
+    for name, result in report.items():
+        for module, counts in sorted(result["counts"].items()):
+            total = sum(counts.values())
+            print(f"{module:<32}{total:>8}{counts.get('killed', 0):>8}{counts.get('timeout', 0):>8}"
+                  f"{counts.get('survived', 0):>9}{counts.get('no tests', 0):>9}{kill_rate(counts):>10.1%}")
+    for name, result in report.items():
+        for survivor in result["survivors"]:
+            print(f"survived  {survivor}")
+    if args.json:  # with each survivor's diff
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
