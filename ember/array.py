@@ -172,7 +172,10 @@ class Array:
             if result._device.inner() is not self._device:
                 raise DeviceError(f"{what}: the result is on {result.device}, not on the array's {self.device}")
             handle = result._device.engine.unwrap(handle)  # a tracked result written into an untracked array: its value
-        self._handle = self._device.engine.rebind(self._handle, handle)
+        try:
+            self._handle = self._device.engine.rebind(self._handle, handle)
+        except EmberError as error:
+            raise with_prefix(error, what) from None
 
 
 # --- bind: namespace → engine --------------------------------------------------------------------
