@@ -1,4 +1,4 @@
-"""The drawing source ``g`` that op-row recipes use (see ember/ops/samples.py), on hypothesis."""
+"""The drawing source ``g`` that op-row recipes use (see tests/recipes/), on hypothesis."""
 
 from __future__ import annotations
 

@@ -29,9 +29,10 @@ from ember.ops import OPS
 from .conftest import LOCAL_DEVICES, REMOTE_SCHEMES, torch_available
 from .generators import Drawer
 from .peers import Peer
+from .recipes import EXAMPLES
 from .test_remote import free_port
 
-CAPTURABLE = sorted(name for name, op in OPS.items() if op.examples and not op.data_dependent)
+CAPTURABLE = sorted(name for name, op in OPS.items() if EXAMPLES.get(name) and not op.data_dependent)
 
 
 def capture_row(op, arrays, attrs):
@@ -50,7 +51,7 @@ def test_capture_then_replay_equals_eager(name, data, tmp_path_factory):
     """Generated from the op table: record each row, replay it on numpy, compare with eager
     numpy; then save, load and replay again."""
     op = OPS[name]
-    arrays, attrs = op.examples(Drawer(data))
+    arrays, attrs = EXAMPLES[name](Drawer(data))
     eager = bind(op, tuple(em.asarray(a) for a in arrays), {**op.attrs, **attrs})
     eager = eager if isinstance(eager, tuple) else (eager,)
     assume(eager)  # unstack of an empty axis has no outputs, and a graph needs one

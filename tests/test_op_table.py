@@ -1,5 +1,5 @@
-"""Tests generated from the op table: every row with example recipes is checked on every local
-backend, so an added op is tested with no new test code.
+"""Tests generated from the op table: every row with example recipes (tests/recipes/, keyed by
+the row's name) is checked on every local backend, so an added op needs only its recipes.
 
 (a) the meta rule agrees with the shapes and dtypes the backend really returns;
 (b) the numpy and torch backends agree on values, within the dtype's tolerance;
@@ -22,9 +22,10 @@ from ember.ops.table import REQUIRED
 
 from .conftest import LOCAL_DEVICES, REMOTE_SCHEMES, torch_available
 from .generators import Drawer
+from .recipes import BAD_EXAMPLES, EXAMPLES
 
-WITH_EXAMPLES = sorted(name for name, op in OPS.items() if op.examples)
-WITH_BAD_EXAMPLES = sorted(name for name, op in OPS.items() if op.bad_examples)
+WITH_EXAMPLES = sorted(name for name in OPS if EXAMPLES.get(name))
+WITH_BAD_EXAMPLES = sorted(name for name in OPS if BAD_EXAMPLES.get(name))
 TESTED_BY_HAND = {"setitem": "tests/test_indexing.py compares x[key] = v with NumPy"}
 
 
@@ -49,8 +50,15 @@ def run(op, device, arrays, attrs):
 
 def test_every_row_is_tested():
     for name, op in OPS.items():
-        assert op.examples or name in TESTED_BY_HAND, f"op {name} has no example recipe"
+        assert EXAMPLES.get(name) or name in TESTED_BY_HAND, f"op {name} has no example recipe"
         assert op.doc, f"op {name} has no doc"
+
+
+def test_every_recipe_names_a_row():
+    for recipes in (EXAMPLES, BAD_EXAMPLES):
+        assert not recipes.keys() - OPS.keys(), "recipes for ops that are not in the table"
+    assert not TESTED_BY_HAND.keys() - OPS.keys(), "ops tested by hand that are not in the table"
+    assert not TESTED_BY_HAND.keys() & EXAMPLES.keys(), "ops both tested by hand and drawn from recipes"
 
 
 @pytest.mark.parametrize("device_name", LOCAL_DEVICES)
@@ -66,7 +74,7 @@ def test_every_row_has_a_kernel_or_a_declared_gap(device_name):
 @given(data=st.data())
 def test_meta_rule_matches_backend(name, device_name, data):
     op, device = OPS[name], em.device(device_name)
-    arrays, attrs = op.examples(Drawer(data, supported_dtypes(device)))
+    arrays, attrs = EXAMPLES[name](Drawer(data, supported_dtypes(device)))
     backend = device.engine.backend
     for out in run(op, device, arrays, attrs):
         native = device.engine.native(out._handle)
@@ -88,7 +96,7 @@ def _tolerance(dtype):
 def test_numpy_and_torch_agree(name, data):
     op = OPS[name]
     numpy_device, torch_device = em.device("numpy"), em.device("torch:cpu")
-    arrays, attrs = op.examples(Drawer(data, supported_dtypes(torch_device)))
+    arrays, attrs = EXAMPLES[name](Drawer(data, supported_dtypes(torch_device)))
     expected = run(op, numpy_device, arrays, attrs)
     actual = run(op, torch_device, arrays, attrs)
     determined = range(len(expected)) if op.determined is None else op.determined
@@ -108,7 +116,7 @@ def test_numpy_and_torch_agree(name, data):
 @given(data=st.data())
 def test_bad_inputs_raise_typed_errors(name, device_name, data):
     op, device = OPS[name], em.device(device_name)
-    arrays, attrs, expected = op.bad_examples(Drawer(data, supported_dtypes(device)))
+    arrays, attrs, expected = BAD_EXAMPLES[name](Drawer(data, supported_dtypes(device)))
     with pytest.raises(expected) as info:
         run(op, device, arrays, attrs)
     assert isinstance(info.value, EmberError), f"{name} raised a raw {type(info.value).__name__}: {info.value}"
@@ -123,7 +131,7 @@ def test_remote_matches_local(name, scheme, peer, data):
     back, and the values equal local NumPy's exactly (the peer runs the same kernels)."""
     op = OPS[name]
     local, remote = em.device("numpy"), em.device(peer.url(scheme))
-    arrays, attrs = op.examples(Drawer(data, supported_dtypes(local)))
+    arrays, attrs = EXAMPLES[name](Drawer(data, supported_dtypes(local)))
     expected = run(op, local, arrays, attrs)
     actual = run(op, remote, arrays, attrs)
     determined = range(len(expected)) if op.determined is None else op.determined

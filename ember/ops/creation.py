@@ -2,7 +2,7 @@
 
 ``asarray`` and ``from_dlpack`` are not rows: they bring host data onto a device through the
 engine's upload. The ``*_like`` functions, ``zeros``/``ones`` and ``meshgrid`` are namespace
-compositions of these rows.
+compositions of these rows. None has array inputs, so none carries a gradient.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError
-from .table import REQUIRED, Meta, Op, as_int, as_shape, define
+from .table import NO_GRADIENT, REQUIRED, Meta, Op, as_int, as_shape, define
 
 
 def arange_length(start, stop, step) -> int:
@@ -38,15 +38,8 @@ def _arange_meta(start, stop, step, dtype):
     return Meta((arange_length(start, stop, step),), dtype)
 
 
-def _arange_examples(g):
-    start, stop = g.integer(-10, 10), g.integer(-10, 10)
-    step = g.choice([1, 2, -1, 0.5, -3])
-    return (), {"start": start, "stop": stop, "step": step, "dtype": None}
-
-
 define(Op("arange", (), {"start": REQUIRED, "stop": None, "step": 1, "dtype": None}, _arange_meta, _arange_canon,
-          family="creation", positional=("start", "/", "stop", "step"), examples=_arange_examples,
-          bad_examples=lambda g: ((), {"start": 0, "stop": 5, "step": 0, "dtype": None}, ArgumentError),
+          family="creation", positional=("start", "/", "stop", "step"), grad=NO_GRADIENT,
           doc="Evenly spaced values in [start, stop)."))
 
 
@@ -64,21 +57,13 @@ def _full_canon(shape, fill_value, dtype):
     return {"shape": as_shape(shape), "dtype": dtype}
 
 
-def _full_examples(g):
-    dtype = g.dtype("any")
-    fill = g.choice([True, False] if dtype.kind == dt.BOOL else [0, 1, 7])
-    return (), {"shape": g.shape(), "fill_value": fill, "dtype": dtype}
-
-
 define(Op("full", (), {"shape": REQUIRED, "fill_value": REQUIRED, "dtype": None},
-          lambda shape, fill_value, dtype: Meta(shape, dtype), _full_canon, family="creation", examples=_full_examples,
-          bad_examples=lambda g: ((), {"shape": (2,), "fill_value": 1.5, "dtype": dt.int32}, DTypeError),
+          lambda shape, fill_value, dtype: Meta(shape, dtype), _full_canon, family="creation", grad=NO_GRADIENT,
           doc="An array of shape filled with fill_value."))
 
 define(Op("empty", (), {"shape": REQUIRED, "dtype": None}, lambda shape, dtype: Meta(shape, dtype),
           lambda shape, dtype: {"shape": as_shape(shape), "dtype": dtype or dt.default_float}, family="creation",
-          examples=lambda g: ((), {"shape": g.shape(), "dtype": g.dtype("any")}), determined=(),
-          bad_examples=lambda g: ((), {"shape": (-1,), "dtype": None}, ValueError),
+          determined=(), grad=NO_GRADIENT,
           doc="An uninitialised array of shape."))
 
 
@@ -92,10 +77,7 @@ def _eye_canon(n_rows, n_cols, k, dtype):
 
 define(Op("eye", (), {"n_rows": REQUIRED, "n_cols": None, "k": 0, "dtype": None},
           lambda n_rows, n_cols, k, dtype: Meta((n_rows, n_cols), dtype), _eye_canon, family="creation",
-          positional=("n_rows", "/", "n_cols"),
-          examples=lambda g: ((), {"n_rows": g.integer(0, 4), "n_cols": g.choice([None, g.integer(0, 4)]),
-                                   "k": g.integer(-3, 3), "dtype": g.dtype("any")}),
-          bad_examples=lambda g: ((), {"n_rows": -2, "n_cols": None, "k": 0, "dtype": None}, ArgumentError),
+          positional=("n_rows", "/", "n_cols"), grad=NO_GRADIENT,
           doc="Ones on the k-th diagonal, zeros elsewhere."))
 
 
@@ -115,12 +97,5 @@ def _linspace_canon(start, stop, num, dtype, endpoint):
 
 define(Op("linspace", (), {"start": REQUIRED, "stop": REQUIRED, "num": REQUIRED, "dtype": None, "endpoint": True},
           lambda start, stop, num, dtype, endpoint: Meta((num,), dtype), _linspace_canon, family="creation",
-          positional=("start", "stop", "/", "num"),
-          examples=lambda g: ((), {"start": g.integer(-5, 5), "stop": g.integer(-5, 5), "num": g.integer(0, 6),
-                                   "dtype": g.dtype("floating"), "endpoint": g.flag()}),
-          bad_examples=lambda g: ((), {"start": 0, "stop": 1, "num": -1, "dtype": None, "endpoint": True}, ArgumentError),
+          positional=("start", "stop", "/", "num"), grad=NO_GRADIENT,
           doc="num evenly spaced values from start to stop."))
-
-from .gradients import no_gradient  # noqa: E402
-
-no_gradient("arange", "full", "empty", "eye", "linspace")  # no array inputs

@@ -3,19 +3,22 @@
 Binary rows receive operands of one dtype: the namespace casts mixed dtypes and Python scalars
 beforehand (explicit casts in the IR, so every backend sees the same op), and ``lift`` tells it
 to cast lower kinds up first (NumPy's ``sqrt(int)`` is float64).
+
+Gradient rules are first order; complex values follow PyTorch's convention: the gradient of a
+real loss L is dL/dRe z + i dL/dIm z, so a holomorphic f gets g · conj(f'(z)).
 """
 
 from __future__ import annotations
 
 from .. import dtypes as dt
-from . import samples
-from .table import Meta, Op, broadcast_shapes, define, require, require_ndim
+from .gradients import conj, unbroadcast
+from .table import NO_GRADIENT, Meta, Op, broadcast_shapes, define, require, require_ndim
 
 SAME, BOOL, REAL = "same", "bool", "real"
 _RESULT = {SAME: lambda d: d, BOOL: lambda d: dt.bool_, REAL: dt.real_of}
 
 
-def unary(name, category, result=SAME, lift=None, low=None, high=None, doc=""):
+def unary(name, category, result=SAME, lift=None, *, grad, doc=""):
     """Define ``name(x)``: accepts ``category``, returns the same shape and the ``result`` dtype."""
     to_result = _RESULT[result]
 
@@ -23,16 +26,10 @@ def unary(name, category, result=SAME, lift=None, low=None, high=None, doc=""):
         require(x.dtype, category)
         return Meta(x.shape, to_result(x.dtype))
 
-    accepted = lift or category
-    return define(Op(
-        name, ("x",), {}, meta, family="elementwise unary", doc=doc,
-        examples=samples.unary(accepted, low, high),
-        bad_examples=samples.wrong_kind(accepted, 1),
-        lift=lift,
-    ))
+    return define(Op(name, ("x",), {}, meta, family="elementwise unary", doc=doc, lift=lift, grad=grad))
 
 
-def binary(name, category, result=SAME, lift=None, low=None, high=None, nonzero=False, doc=""):
+def binary(name, category, result=SAME, lift=None, *, grad, doc=""):
     """Define ``name(x1, x2)``: broadcasting, operands of one dtype from ``category``."""
     to_result = _RESULT[result]
 
@@ -41,95 +38,10 @@ def binary(name, category, result=SAME, lift=None, low=None, high=None, nonzero=
         require(dtype, category)
         return Meta(broadcast_shapes(x1.shape, x2.shape), to_result(dtype))
 
-    accepted = lift or category
-    bad = [samples.mismatched_shapes(accepted)]
-    if (wrong := samples.wrong_kind(accepted, 2)) is not None:
-        bad.append(wrong)
-    return define(Op(
-        name, ("x1", "x2"), {}, meta, family="elementwise binary", doc=doc,
-        examples=samples.binary(accepted, low, high, nonzero),
-        bad_examples=lambda g: g.choice(bad)(g),
-        lift=lift,
-    ))
+    return define(Op(name, ("x1", "x2"), {}, meta, family="elementwise binary", doc=doc, lift=lift, grad=grad))
 
 
-FLOATING = "floating"
-for _name in ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "exp", "expm1", "log",
-              "log1p", "log2", "log10", "sin", "sinh", "sqrt", "tan", "tanh", "reciprocal"):
-    unary(_name, FLOATING, lift=FLOATING, doc=f"Elementwise {_name}; integer and bool inputs lift to float64.")
-
-unary("abs", "numeric", REAL, doc="Absolute value (the modulus of a complex number).")
-unary("bitwise_invert", "integral or bool", doc="Bitwise NOT (logical NOT for bool).")
-for _name in ("ceil", "floor", "trunc"):
-    unary(_name, "real numeric", doc=f"Elementwise {_name}; integers are returned unchanged.")
-unary("conj", "numeric", doc="Complex conjugate; real inputs are returned unchanged.")
-unary("real", "numeric", REAL, doc="Real component.")
-unary("imag", "numeric", REAL, doc="Imaginary component (zero for real inputs).")
-for _name in ("isfinite", "isinf", "isnan"):
-    unary(_name, "numeric", BOOL, doc=f"Elementwise {_name} test.")
-unary("logical_not", "bool", doc="Logical NOT.")
-unary("negative", "numeric", doc="Numerical negative.")
-unary("positive", "numeric", doc="Numerical positive (a copy).")
-unary("round", "numeric", doc="Round half to even.")
-unary("sign", "numeric", doc="Sign (x/|x| for complex).")
-unary("signbit", "real floating", BOOL, doc="Whether the sign bit is set.")
-unary("square", "numeric", doc="x * x.")
-
-for _name in ("add", "subtract", "multiply"):
-    binary(_name, "numeric", doc=f"Elementwise {_name}.")
-binary("divide", FLOATING, lift=FLOATING, doc="True division; integer inputs lift to float64.")
-binary("pow", "numeric", low=0, high=4, doc="x1 raised to x2.")
-binary("equal", "any", BOOL, doc="x1 == x2.")
-binary("not_equal", "any", BOOL, doc="x1 != x2.")
-for _name in ("greater", "greater_equal", "less", "less_equal"):
-    binary(_name, "real", BOOL, doc=f"Elementwise {_name} comparison.")
-binary("floor_divide", "real numeric", nonzero=True, doc="Floor of x1 / x2.")
-binary("remainder", "real numeric", nonzero=True, doc="x1 - floor_divide(x1, x2) * x2, with the sign of x2.")
-binary("maximum", "real numeric", doc="Larger of the two (NaN propagates).")
-binary("minimum", "real numeric", doc="Smaller of the two (NaN propagates).")
-for _name in ("atan2", "copysign", "hypot", "nextafter", "logaddexp"):
-    binary(_name, "real floating", lift="real floating", doc=f"Elementwise {_name}.")
-for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
-    binary(_name, "integral or bool", doc=f"Elementwise {_name}.")
-for _name in ("bitwise_left_shift", "bitwise_right_shift"):
-    binary(_name, "integral", low=0, high=7, doc=f"Elementwise {_name}; shifts must be non-negative.")
-for _name in ("logical_and", "logical_or", "logical_xor"):
-    binary(_name, "bool", doc=f"Elementwise {_name}.")
-
-
-def _where_meta(condition, x1, x2):
-    require(condition.dtype, "bool", "condition")
-    return Meta(broadcast_shapes(condition.shape, x1.shape, x2.shape), dt.promote(x1.dtype, x2.dtype))
-
-
-def _where_examples(g):
-    dtype = g.dtype("any")
-    shape = g.shape()
-    return (g.array(g.broadcastable(shape), dt.bool_), g.array(shape, dtype), g.array(g.broadcastable(shape), dtype)), {}
-
-
-define(Op("where", ("condition", "x1", "x2"), {}, _where_meta, family="searching",
-          examples=_where_examples, doc="Elements of x1 where condition holds, else of x2."))
-
-
-def _triangle_meta(x, k):
-    require_ndim(x, 2)
-    return Meta(x.shape, x.dtype)
-
-
-def _triangle_examples(g):
-    return (g.array(g.shape(min_dims=2, max_dims=4), g.dtype("any")),), {"k": g.integer(-3, 3)}
-
-
-for _name in ("tril", "triu"):
-    define(Op(_name, ("x",), {"k": 0}, _triangle_meta, family="creation", examples=_triangle_examples,
-              doc=f"{'Lower' if _name == 'tril' else 'Upper'} triangle of the last two axes, from diagonal k."))
-
-
-# --- gradient rules (first order; complex values follow PyTorch's convention: the gradient of a
-# real loss L is dL/dRe z + i dL/dIm z, so a holomorphic f gets g · conj(f'(z))) ----------------
-
-from .gradients import conj, defgrad, no_gradient, unbroadcast  # noqa: E402
+# --- unary rows ------------------------------------------------------------------------------
 
 _LN2, _LN10 = 0.6931471805599453, 2.302585092994046
 
@@ -139,30 +51,37 @@ def _holomorphic(derivative):
     return lambda xp, g, out, x: (g * conj(xp, derivative(xp, out, x)),)
 
 
-for _name, _derivative in {
-    "sin": lambda xp, out, x: xp.cos(x),
-    "cos": lambda xp, out, x: -xp.sin(x),
-    "tan": lambda xp, out, x: 1 + out * out,
-    "asin": lambda xp, out, x: 1 / xp.sqrt(1 - x * x),
+def _one(rule):
+    """A unary rule from ``rule(xp, g, out, x)`` returning the one cotangent, not a tuple."""
+    return lambda xp, g, out, x: (rule(xp, g, out, x),)
+
+
+FLOATING = "floating"
+_DERIVATIVES = {  # f'(x) of the floating functions, as derivative(xp, out, x)
     "acos": lambda xp, out, x: -1 / xp.sqrt(1 - x * x),
-    "atan": lambda xp, out, x: 1 / (1 + x * x),
-    "sinh": lambda xp, out, x: xp.cosh(x),
-    "cosh": lambda xp, out, x: xp.sinh(x),
-    "tanh": lambda xp, out, x: 1 - out * out,
-    "asinh": lambda xp, out, x: 1 / xp.sqrt(x * x + 1),
     "acosh": lambda xp, out, x: 1 / (xp.sqrt(x - 1) * xp.sqrt(x + 1)),  # not sqrt(x² - 1): its branch cuts differ
+    "asin": lambda xp, out, x: 1 / xp.sqrt(1 - x * x),
+    "asinh": lambda xp, out, x: 1 / xp.sqrt(x * x + 1),
+    "atan": lambda xp, out, x: 1 / (1 + x * x),
     "atanh": lambda xp, out, x: 1 / (1 - x * x),
+    "cos": lambda xp, out, x: -xp.sin(x),
+    "cosh": lambda xp, out, x: xp.sinh(x),
     "exp": lambda xp, out, x: out,
     "expm1": lambda xp, out, x: out + 1,
     "log": lambda xp, out, x: 1 / x,
     "log1p": lambda xp, out, x: 1 / (1 + x),
     "log2": lambda xp, out, x: 1 / (x * _LN2),
     "log10": lambda xp, out, x: 1 / (x * _LN10),
+    "sin": lambda xp, out, x: xp.cos(x),
+    "sinh": lambda xp, out, x: xp.cosh(x),
     "sqrt": lambda xp, out, x: 1 / (2 * out),
-    "square": lambda xp, out, x: 2 * x,
+    "tan": lambda xp, out, x: 1 + out * out,
+    "tanh": lambda xp, out, x: 1 - out * out,
     "reciprocal": lambda xp, out, x: -(out * out),
-}.items():
-    defgrad(_name, _holomorphic(_derivative))
+}
+for _name, _derivative in _DERIVATIVES.items():
+    unary(_name, FLOATING, lift=FLOATING, grad=_holomorphic(_derivative),
+          doc=f"Elementwise {_name}; integer and bool inputs lift to float64.")
 
 
 def _sign_grad(xp, g, out, x):
@@ -173,29 +92,30 @@ def _sign_grad(xp, g, out, x):
     return xp.where(modulus > 0, (g - out * xp.real(conj(xp, g) * out)) / xp.where(modulus > 0, modulus, 1.0), 0.0)
 
 
-for _name, _rule in {
-    "abs": lambda xp, g, out, x: g * xp.sign(x),          # z/|z| for complex z
-    "negative": lambda xp, g, out, x: -g,
-    "positive": lambda xp, g, out, x: g,
-    "conj": lambda xp, g, out, x: conj(xp, g),
-    "real": lambda xp, g, out, x: g,
-    "imag": lambda xp, g, out, x: g * 1j if x.dtype.kind == dt.COMPLEX else xp.zeros_like(x),
-    "sign": _sign_grad,
-    # piecewise constant: zero almost everywhere
-    "ceil": lambda xp, g, out, x: xp.zeros_like(g),
-    "floor": lambda xp, g, out, x: xp.zeros_like(g),
-    "trunc": lambda xp, g, out, x: xp.zeros_like(g),
-    "round": lambda xp, g, out, x: xp.zeros_like(g),
-}.items():
-    defgrad(_name, (lambda rule: lambda xp, g, out, x: (rule(xp, g, out, x),))(_rule))
+_FLAT = lambda xp, g, out, x: xp.zeros_like(g)  # piecewise constant: zero almost everywhere
+
+unary("abs", "numeric", REAL, grad=_one(lambda xp, g, out, x: g * xp.sign(x)),  # z/|z| for complex z
+      doc="Absolute value (the modulus of a complex number).")
+unary("bitwise_invert", "integral or bool", grad=NO_GRADIENT, doc="Bitwise NOT (logical NOT for bool).")
+for _name in ("ceil", "floor", "trunc"):
+    unary(_name, "real numeric", grad=_one(_FLAT), doc=f"Elementwise {_name}; integers are returned unchanged.")
+unary("conj", "numeric", grad=_one(lambda xp, g, out, x: conj(xp, g)),
+      doc="Complex conjugate; real inputs are returned unchanged.")
+unary("real", "numeric", REAL, grad=_one(lambda xp, g, out, x: g), doc="Real component.")
+unary("imag", "numeric", REAL, grad=_one(lambda xp, g, out, x: g * 1j if x.dtype.kind == dt.COMPLEX else xp.zeros_like(x)),
+      doc="Imaginary component (zero for real inputs).")
+for _name in ("isfinite", "isinf", "isnan"):
+    unary(_name, "numeric", BOOL, grad=NO_GRADIENT, doc=f"Elementwise {_name} test.")
+unary("logical_not", "bool", grad=NO_GRADIENT, doc="Logical NOT.")
+unary("negative", "numeric", grad=_one(lambda xp, g, out, x: -g), doc="Numerical negative.")
+unary("positive", "numeric", grad=_one(lambda xp, g, out, x: g), doc="Numerical positive (a copy).")
+unary("round", "numeric", grad=_one(_FLAT), doc="Round half to even.")
+unary("sign", "numeric", grad=_one(_sign_grad), doc="Sign (x/|x| for complex).")
+unary("signbit", "real floating", BOOL, grad=NO_GRADIENT, doc="Whether the sign bit is set.")
+unary("square", "numeric", grad=_holomorphic(lambda xp, out, x: 2 * x), doc="x * x.")
 
 
-def _pow_exponent_grad(xp, g, out, x1):
-    """d x1**x2 / d x2 = x1**x2 · log x1, taken as 0 where x1 ≤ 0 (0**x2 is flat in x2); for complex x1, log's
-    principal branch, and 0 at x1 = 0."""
-    keep = x1 != 0 if getattr(x1, "dtype", None) in (dt.complex64, dt.complex128) else x1 > 0
-    return g * conj(xp, xp.where(keep, out * xp.log(xp.where(keep, x1, 1.0)), 0.0))
-
+# --- binary rows -----------------------------------------------------------------------------
 
 def _binary(rule):
     """A rule from both partial derivatives; each cotangent is summed back to its input's shape
@@ -207,24 +127,59 @@ def _binary(rule):
     return grad
 
 
+def _pow_exponent_grad(xp, g, out, x1):
+    """d x1**x2 / d x2 = x1**x2 · log x1, taken as 0 where x1 ≤ 0 (0**x2 is flat in x2); for complex x1, log's
+    principal branch, and 0 at x1 = 0."""
+    keep = x1 != 0 if getattr(x1, "dtype", None) in (dt.complex64, dt.complex128) else x1 > 0
+    return g * conj(xp, xp.where(keep, out * xp.log(xp.where(keep, x1, 1.0)), 0.0))
+
+
 for _name, _rule in {
     "add": lambda xp, g, out, x1, x2: (g, g),
     "subtract": lambda xp, g, out, x1, x2: (g, -g),
     "multiply": lambda xp, g, out, x1, x2: (g * conj(xp, x2), g * conj(xp, x1)),
-    "divide": lambda xp, g, out, x1, x2: (g / conj(xp, x2), -g * conj(xp, out / x2)),
-    "pow": lambda xp, g, out, x1, x2: (g * conj(xp, x2 * xp.pow(x1, x2 - 1)),
-                                       _pow_exponent_grad(xp, g, out, x1) if hasattr(x2, "shape") else None),
-    "maximum": lambda xp, g, out, x1, x2: (xp.where(x1 >= x2, g, 0.0), xp.where(x1 >= x2, 0.0, g)),
-    "minimum": lambda xp, g, out, x1, x2: (xp.where(x1 <= x2, g, 0.0), xp.where(x1 <= x2, 0.0, g)),
-    "atan2": lambda xp, g, out, x1, x2: (g * x2 / (x1 * x1 + x2 * x2), -g * x1 / (x1 * x1 + x2 * x2)),
-    "hypot": lambda xp, g, out, x1, x2: (g * x1 / out, g * x2 / out),
-    "logaddexp": lambda xp, g, out, x1, x2: (g * xp.exp(x1 - out), g * xp.exp(x2 - out)),
-    "copysign": lambda xp, g, out, x1, x2: (g * xp.sign(x1) * xp.sign(out), None),
-    "remainder": lambda xp, g, out, x1, x2: (g, -g * xp.floor_divide(x1, x2)),
-    "floor_divide": lambda xp, g, out, x1, x2: (xp.zeros_like(g), xp.zeros_like(g)),
-    "nextafter": lambda xp, g, out, x1, x2: (g, None),
 }.items():
-    defgrad(_name, _binary(_rule))
+    binary(_name, "numeric", grad=_binary(_rule), doc=f"Elementwise {_name}.")
+binary("divide", FLOATING, lift=FLOATING, grad=_binary(lambda xp, g, out, x1, x2: (g / conj(xp, x2), -g * conj(xp, out / x2))),
+       doc="True division; integer inputs lift to float64.")
+binary("pow", "numeric", grad=_binary(lambda xp, g, out, x1, x2: (
+    g * conj(xp, x2 * xp.pow(x1, x2 - 1)), _pow_exponent_grad(xp, g, out, x1) if hasattr(x2, "shape") else None)),
+       doc="x1 raised to x2.")
+binary("equal", "any", BOOL, grad=NO_GRADIENT, doc="x1 == x2.")
+binary("not_equal", "any", BOOL, grad=NO_GRADIENT, doc="x1 != x2.")
+for _name in ("greater", "greater_equal", "less", "less_equal"):
+    binary(_name, "real", BOOL, grad=NO_GRADIENT, doc=f"Elementwise {_name} comparison.")
+binary("floor_divide", "real numeric", grad=_binary(lambda xp, g, out, x1, x2: (xp.zeros_like(g), xp.zeros_like(g))),
+       doc="Floor of x1 / x2.")
+binary("remainder", "real numeric", grad=_binary(lambda xp, g, out, x1, x2: (g, -g * xp.floor_divide(x1, x2))),
+       doc="x1 - floor_divide(x1, x2) * x2, with the sign of x2.")
+binary("maximum", "real numeric",
+       grad=_binary(lambda xp, g, out, x1, x2: (xp.where(x1 >= x2, g, 0.0), xp.where(x1 >= x2, 0.0, g))),
+       doc="Larger of the two (NaN propagates).")
+binary("minimum", "real numeric",
+       grad=_binary(lambda xp, g, out, x1, x2: (xp.where(x1 <= x2, g, 0.0), xp.where(x1 <= x2, 0.0, g))),
+       doc="Smaller of the two (NaN propagates).")
+for _name, _rule in {
+    "atan2": lambda xp, g, out, x1, x2: (g * x2 / (x1 * x1 + x2 * x2), -g * x1 / (x1 * x1 + x2 * x2)),
+    "copysign": lambda xp, g, out, x1, x2: (g * xp.sign(x1) * xp.sign(out), None),
+    "hypot": lambda xp, g, out, x1, x2: (g * x1 / out, g * x2 / out),
+    "nextafter": lambda xp, g, out, x1, x2: (g, None),
+    "logaddexp": lambda xp, g, out, x1, x2: (g * xp.exp(x1 - out), g * xp.exp(x2 - out)),
+}.items():
+    binary(_name, "real floating", lift="real floating", grad=_binary(_rule), doc=f"Elementwise {_name}.")
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    binary(_name, "integral or bool", grad=NO_GRADIENT, doc=f"Elementwise {_name}.")
+for _name in ("bitwise_left_shift", "bitwise_right_shift"):
+    binary(_name, "integral", grad=NO_GRADIENT, doc=f"Elementwise {_name}; shifts must be non-negative.")
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    binary(_name, "bool", grad=NO_GRADIENT, doc=f"Elementwise {_name}.")
+
+
+# --- where, tril, triu -----------------------------------------------------------------------
+
+def _where_meta(condition, x1, x2):
+    require(condition.dtype, "bool", "condition")
+    return Meta(broadcast_shapes(condition.shape, x1.shape, x2.shape), dt.promote(x1.dtype, x2.dtype))
 
 
 def _where_grad(xp, g, out, condition, x1, x2):
@@ -233,9 +188,16 @@ def _where_grad(xp, g, out, condition, x1, x2):
             None if not hasattr(x2, "shape") else unbroadcast(xp, xp.where(condition, 0.0, g), x2.shape))
 
 
-defgrad("where", _where_grad)
-defgrad("tril", lambda xp, g, out, x, k: (xp.tril(g, k=k),))
-defgrad("triu", lambda xp, g, out, x, k: (xp.triu(g, k=k),))
-no_gradient("bitwise_invert", "isfinite", "isinf", "isnan", "logical_not", "signbit", "equal", "not_equal", "greater",
-            "greater_equal", "less", "less_equal", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
-            "bitwise_right_shift", "logical_and", "logical_or", "logical_xor")
+define(Op("where", ("condition", "x1", "x2"), {}, _where_meta, family="searching", grad=_where_grad,
+          doc="Elements of x1 where condition holds, else of x2."))
+
+
+def _triangle_meta(x, k):
+    require_ndim(x, 2)
+    return Meta(x.shape, x.dtype)
+
+
+for _name, _grad in (("tril", lambda xp, g, out, x, k: (xp.tril(g, k=k),)),
+                     ("triu", lambda xp, g, out, x, k: (xp.triu(g, k=k),))):
+    define(Op(_name, ("x",), {"k": 0}, _triangle_meta, family="creation", grad=_grad,
+              doc=f"{'Lower' if _name == 'tril' else 'Upper'} triangle of the last two axes, from diagonal k."))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, ShapeError
-from .table import REQUIRED, Meta, Op, as_int, define, fmt_shape, normalize_axes, normalize_axis, require
+from .gradients import conj
+from .table import NO_GRADIENT, REQUIRED, Meta, Op, as_int, define, fmt_shape, normalize_axes, normalize_axis, require
 
 _NORMS = ("backward", "ortho", "forward")
 # (input category, output dtype from input dtype, output length from (n, input length))
@@ -74,60 +75,10 @@ def _many_axes(kind):
     return canon, meta
 
 
-def _transform_examples(kind):
-    category = _KINDS[kind.rstrip("n") if kind.endswith("fftn") else kind][0]
-
-    def recipe(g):
-        shape = g.shape(min_dims=1, min_side=2 if kind in ("irfft", "hfft", "irfftn") else 1)
-        x = g.array(shape, g.dtype(category), low=-3, high=3)
-        if kind.endswith("n"):
-            return (x,), {"s": None, "axes": None, "norm": g.choice(_NORMS)}
-        axis = g.integer(-len(shape), len(shape) - 1)
-        return (x,), {"n": g.choice([None, g.integer(1, 6)]), "axis": axis, "norm": g.choice(_NORMS)}
-    return recipe
-
-
-for _kind in _KINDS:
-    _canon, _meta = _one_axis(_kind)
-    define(Op(_kind, ("x",), {"n": None, "axis": -1, "norm": "backward"}, _meta, _canon, family="fft",
-              lift="floating" if _KINDS[_kind][0] == "floating" else "real floating",
-              examples=_transform_examples(_kind),
-              bad_examples=lambda g: ((g.array((), dt.float64),), {"n": None, "axis": -1, "norm": "backward"}, ShapeError),
-              doc=f"One-dimensional {_kind} along axis."))
-    if _kind in ("fft", "ifft", "rfft", "irfft"):
-        _canon, _meta = _many_axes(_kind + "n")
-        define(Op(_kind + "n", ("x",), {"s": None, "axes": None, "norm": "backward"}, _meta, _canon, family="fft",
-                  lift="floating" if _KINDS[_kind][0] == "floating" else "real floating",
-                  examples=_transform_examples(_kind + "n"), doc=f"n-dimensional {_kind} over axes."))
-
-
-def _freq_canon(n, d, dtype):
-    n = as_int(n, "n")
-    if n < 1:
-        raise ArgumentError(f"n must be at least 1, got {n}")
-    return {"n": n, "dtype": dtype or dt.default_float}
-
-
-for _name, _length in (("fftfreq", lambda n: n), ("rfftfreq", lambda n: n // 2 + 1)):
-    define(Op(_name, (), {"n": REQUIRED, "d": 1.0, "dtype": None},
-              (lambda length: lambda n, d, dtype: Meta((length(n),), dtype))(_length), _freq_canon, family="fft",
-              positional=("n", "/"),
-              examples=lambda g: ((), {"n": g.integer(1, 8), "d": g.choice([1.0, 0.5]), "dtype": g.dtype("real floating")}),
-              bad_examples=lambda g: ((), {"n": 0, "d": 1.0, "dtype": None}, ArgumentError),
-              doc=f"Sample frequencies of {_name[:-4]}."))
-
-for _name in ("fftshift", "ifftshift"):
-    define(Op(_name, ("x",), {"axes": None}, lambda x, axes: Meta(x.shape, x.dtype),
-              lambda x, axes: {"axes": tuple(range(x.ndim)) if axes is None else normalize_axes(axes, x.ndim)},
-              family="fft", examples=lambda g: ((g.array(g.shape(), g.dtype("floating")),), {"axes": None}),
-              doc=f"{'Shift' if _name == 'fftshift' else 'Undo the shift of'} the zero frequency to the centre."))
-
-# --- gradient rules ---------------------------------------------------------------------------------------
+# --- gradient rules -------------------------------------------------------------------------------
 # A transform with norm N is a linear map whose adjoint is the opposite transform with the
 # swapped norm (backward <-> forward); zero-padding to n and truncation are each other's adjoints.
 # A real input takes the real part of its cotangent (see autodiff.py).
-
-from .gradients import conj, defgrad, no_gradient  # noqa: E402
 
 _SWAP = {"backward": "forward", "forward": "backward", "ortho": "ortho"}
 
@@ -218,16 +169,50 @@ def _irfftn_grad(xp, g, out, x, s, axes, norm):
     return (back,)
 
 
-defgrad("fft", _fft_grad(inverse=False))
-defgrad("ifft", _fft_grad(inverse=True))
-defgrad("rfft", _rfft_grad)
-defgrad("irfft", _irfft_grad)
-defgrad("hfft", _hfft_grad)
-defgrad("ihfft", _ihfft_grad)
-defgrad("fftn", _fftn_grad(inverse=False))
-defgrad("ifftn", _fftn_grad(inverse=True))
-defgrad("rfftn", _rfftn_grad)
-defgrad("irfftn", _irfftn_grad)
-defgrad("fftshift", lambda xp, g, out, x, axes: (xp.fft.ifftshift(g, axes=axes),))
-defgrad("ifftshift", lambda xp, g, out, x, axes: (xp.fft.fftshift(g, axes=axes),))
-no_gradient("fftfreq", "rfftfreq")
+_GRADS = {
+    "fft": _fft_grad(inverse=False),
+    "ifft": _fft_grad(inverse=True),
+    "rfft": _rfft_grad,
+    "irfft": _irfft_grad,
+    "hfft": _hfft_grad,
+    "ihfft": _ihfft_grad,
+    "fftn": _fftn_grad(inverse=False),
+    "ifftn": _fftn_grad(inverse=True),
+    "rfftn": _rfftn_grad,
+    "irfftn": _irfftn_grad,
+}
+
+
+# --- rows ------------------------------------------------------------------------------------------
+
+for _kind in _KINDS:
+    _canon, _meta = _one_axis(_kind)
+    define(Op(_kind, ("x",), {"n": None, "axis": -1, "norm": "backward"}, _meta, _canon, family="fft",
+              lift="floating" if _KINDS[_kind][0] == "floating" else "real floating", grad=_GRADS[_kind],
+              doc=f"One-dimensional {_kind} along axis."))
+    if _kind in ("fft", "ifft", "rfft", "irfft"):
+        _canon, _meta = _many_axes(_kind + "n")
+        define(Op(_kind + "n", ("x",), {"s": None, "axes": None, "norm": "backward"}, _meta, _canon, family="fft",
+                  lift="floating" if _KINDS[_kind][0] == "floating" else "real floating", grad=_GRADS[_kind + "n"],
+                  doc=f"n-dimensional {_kind} over axes."))
+
+
+def _freq_canon(n, d, dtype):
+    n = as_int(n, "n")
+    if n < 1:
+        raise ArgumentError(f"n must be at least 1, got {n}")
+    return {"n": n, "dtype": dtype or dt.default_float}
+
+
+for _name, _length in (("fftfreq", lambda n: n), ("rfftfreq", lambda n: n // 2 + 1)):
+    define(Op(_name, (), {"n": REQUIRED, "d": 1.0, "dtype": None},
+              (lambda length: lambda n, d, dtype: Meta((length(n),), dtype))(_length), _freq_canon, family="fft",
+              positional=("n", "/"), grad=NO_GRADIENT,
+              doc=f"Sample frequencies of {_name[:-4]}."))
+
+for _name, _grad in (("fftshift", lambda xp, g, out, x, axes: (xp.fft.ifftshift(g, axes=axes),)),
+                     ("ifftshift", lambda xp, g, out, x, axes: (xp.fft.fftshift(g, axes=axes),))):
+    define(Op(_name, ("x",), {"axes": None}, lambda x, axes: Meta(x.shape, x.dtype),
+              lambda x, axes: {"axes": tuple(range(x.ndim)) if axes is None else normalize_axes(axes, x.ndim)},
+              family="fft", grad=_grad,
+              doc=f"{'Shift' if _name == 'fftshift' else 'Undo the shift of'} the zero frequency to the centre."))

@@ -1,4 +1,4 @@
-"""Helpers for gradient rules, and ``defgrad`` to attach a rule to its row.
+"""Helpers that gradient rules share; each row carries its own rule (``Op.grad``), beside its meta rule.
 
 A rule is ``rule(xp, g, out, *inputs, **attrs) -> tuple``: ``xp`` is the ember namespace (the
 rules are written with its functions, so a backward pass runs on any device — streamed to a
@@ -9,8 +9,6 @@ scalars for literals). It returns one cotangent per input, ``None`` where there 
 
 from __future__ import annotations
 
-from .table import NO_GRADIENT, OPS
-
 
 class NotDifferentiable:
     """The grad rule of a row whose gradient ember does not implement (yet), with the reason."""
@@ -20,17 +18,6 @@ class NotDifferentiable:
 
     def __repr__(self) -> str:
         return f"NotDifferentiable({self.reason!r})"
-
-
-def defgrad(name: str, rule) -> None:
-    """Attach a gradient rule (or NO_GRADIENT / NotDifferentiable) to row ``name``."""
-    OPS[name].grad = rule
-
-
-def no_gradient(*names: str) -> None:
-    """Rows whose outputs carry no gradient (integer/boolean results, indices …)."""
-    for name in names:
-        OPS[name].grad = NO_GRADIENT
 
 
 def conj(xp, value):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, IndexingError, ShapeError
+from .gradients import scatter_back, unbroadcast
 from .table import Meta, Op, broadcast_shapes, define, fmt_shape, normalize_axis, require
 
 ELLIPSIS = "..."
@@ -113,27 +114,14 @@ def _getitem_meta(x, *arrays, key):
     return Meta(shape, x.dtype)
 
 
-def _getitem_examples(g):
-    shape = g.shape(min_dims=1, min_side=1)
-    k = g.integer(1, len(shape))
-    leading_ellipsis = g.flag()  # "..., items" index the last k axes; "items, ..." the first k
-    key = []
-    for size in (shape[-k:] if leading_ellipsis else shape[:k]):
-        a_slice = ("s", g.choice([None, 0, 1]), g.choice([None, size, -1]), g.choice([None, 1, 2, -1]))
-        key.append(g.choice([g.integer(-size, size - 1), a_slice]))
-    for _ in range(g.integer(0, 2)):
-        key.insert(g.integer(0, len(key)), None)
-    if leading_ellipsis:
-        key.insert(0, ELLIPSIS)
-    elif g.flag():
-        key.append(ELLIPSIS)
-    return (g.array(shape, g.dtype("any")),), {"key": tuple(key)}
+def _getitem_grad(xp, g, out, x, *indices, key):
+    native = decode_key(key, indices)
+    return (scatter_back(xp, g, x, lambda positions: positions[native]),) + (None,) * len(indices)
 
 
 define(Op("getitem", ("x", "*indices"), {"key": ()}, _getitem_meta, family="indexing",
           data_dependent=True,  # with a boolean index: outputs whose shape holds None
-          examples=_getitem_examples,
-          bad_examples=lambda g: ((g.array((2, 3), g.dtype("any")),), {"key": (5,)}, IndexingError),
+          grad=_getitem_grad,
           doc="x[key]: basic, integer-array and boolean indexing."))
 
 
@@ -150,9 +138,15 @@ def _setitem_meta(x, value, *arrays, key):
     return Meta(x.shape, x.dtype)
 
 
-define(Op("setitem", ("x", "value", "*indices"), {"key": ()}, _setitem_meta, family="indexing",
-          examples=None,  # drawn by the indexing tests, which compare against NumPy's x[key] = value
-          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((4,), dt.float64)), {"key": (0,)}, ShapeError),
+def _setitem_grad(xp, g, out, x, value, *indices, key):
+    native = decode_key(key, indices)
+    gx = xp.asarray(g, copy=True)
+    gx[native] = 0.0  # what was overwritten gets no gradient
+    gv = unbroadcast(xp, g[native], value.shape) if hasattr(value, "shape") else None
+    return (gx, gv) + (None,) * len(indices)
+
+
+define(Op("setitem", ("x", "value", "*indices"), {"key": ()}, _setitem_meta, family="indexing", grad=_setitem_grad,
           doc="A copy of x with x[key] replaced by value (the namespace rebinds x to it)."))
 
 
@@ -168,15 +162,8 @@ def _take_meta(x, indices, axis):
     return Meta(x.shape[:axis] + indices.shape + x.shape[axis + 1:], x.dtype)
 
 
-def _take_examples(g):
-    shape = g.shape(min_dims=1, min_side=1)
-    axis = g.integer(-len(shape), len(shape) - 1)
-    n = shape[axis]
-    return (g.array(shape, g.dtype("any")), g.array((g.integer(0, 4),), dt.int64, low=-n, high=n - 1)), {"axis": axis}
-
-
-define(Op("take", ("x", "indices"), {"axis": None}, _take_meta, family="indexing", examples=_take_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": 2}, IndexError),
+define(Op("take", ("x", "indices"), {"axis": None}, _take_meta, family="indexing",
+          grad=lambda xp, g, out, x, indices, axis: (scatter_back(xp, g, x, lambda p: xp.take(p, indices, axis=axis)), None),
           doc="Elements of x at indices along axis."))
 
 
@@ -194,18 +181,9 @@ def _take_along_meta(x, indices, axis):
     return Meta(shape[:axis] + (indices.shape[axis],) + shape[axis + 1:], x.dtype)
 
 
-def _take_along_examples(g):
-    shape = g.shape(min_dims=1, min_side=1)
-    axis = g.integer(-len(shape), len(shape) - 1)
-    n = shape[axis]
-    ishape = tuple(g.integer(0, 3) if i == axis % len(shape) else s for i, s in enumerate(shape))
-    return (g.array(shape, g.dtype("any")), g.array(ishape, dt.int64, low=-n, high=n - 1)), {"axis": axis}
-
-
 define(Op("take_along_axis", ("x", "indices"), {"axis": -1}, _take_along_meta, family="indexing",
-          examples=_take_along_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": -1},
-                                  ShapeError),
+          grad=lambda xp, g, out, x, indices, axis: (
+              scatter_back(xp, g, x, lambda p: xp.take_along_axis(p, indices, axis=axis)), None),
           doc="Elements of x at indices matched along axis."))
 
 
@@ -219,41 +197,7 @@ def _scatter_add_meta(x, indices, values):
     return Meta(x.shape, x.dtype)
 
 
-def _scatter_add_examples(g):
-    n, k = g.integer(1, 6), g.integer(0, 8)
-    dtype = g.dtype("numeric")
-    return (g.array((n,), dtype), g.array((k,), dt.int64, low=0, high=n - 1), g.array((k,), dtype)), {}
-
-
 define(Op("scatter_add", ("x", "indices", "values"), {}, _scatter_add_meta, family="indexing",
-          examples=_scatter_add_examples,
-          bad_examples=lambda g: ((g.array((3,), dt.float64), g.array((2,), dt.int64, low=0, high=2),
-                                   g.array((3,), dt.float64)), {}, ShapeError),
+          grad=lambda xp, g, out, x, indices, values: (g, None, xp.take(g, indices, axis=0)),
           doc="A copy of the 1-d x with values added at indices (repeated indices accumulate); not in the "
               "standard — the adjoint of gathers."))
-
-
-# --- gradient rules ------------------------------------------------------------------------------------
-
-from .gradients import defgrad, scatter_back, unbroadcast  # noqa: E402
-
-
-def _getitem_grad(xp, g, out, x, *indices, key):
-    native = decode_key(key, indices)
-    return (scatter_back(xp, g, x, lambda positions: positions[native]),) + (None,) * len(indices)
-
-
-def _setitem_grad(xp, g, out, x, value, *indices, key):
-    native = decode_key(key, indices)
-    gx = xp.asarray(g, copy=True)
-    gx[native] = 0.0  # what was overwritten gets no gradient
-    gv = unbroadcast(xp, g[native], value.shape) if hasattr(value, "shape") else None
-    return (gx, gv) + (None,) * len(indices)
-
-
-defgrad("getitem", _getitem_grad)
-defgrad("setitem", _setitem_grad)
-defgrad("take", lambda xp, g, out, x, indices, axis: (scatter_back(xp, g, x, lambda p: xp.take(p, indices, axis=axis)), None))
-defgrad("take_along_axis", lambda xp, g, out, x, indices, axis: (
-    scatter_back(xp, g, x, lambda p: xp.take_along_axis(p, indices, axis=axis)), None))
-defgrad("scatter_add", lambda xp, g, out, x, indices, values: (g, None, xp.take(g, indices, axis=0)))

@@ -1,5 +1,8 @@
 """Linear algebra: the main namespace's matmul, tensordot and vecdot, and the ``linalg``
-extension. Matrix functions take stacks of matrices in the last two axes."""
+extension. Matrix functions take stacks of matrices in the last two axes.
+
+Gradient rules take complex values in PyTorch's convention, as in elementwise.py.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import math
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, AxisError, ShapeError
+from .gradients import NotDifferentiable, conj, expand_reduced, scatter_back, unbroadcast
 from .table import (
     REQUIRED,
     Meta,
@@ -21,6 +25,15 @@ from .table import (
     require,
     require_ndim,
 )
+
+
+def _argsort(values):
+    return sorted(range(len(values)), key=lambda i: values[i])
+
+
+def _mH(xp, a):
+    """The conjugate transpose of a stack of matrices (the transpose for real ones)."""
+    return conj(xp, xp.matrix_transpose(a))
 
 
 def _matmul_meta(x1, x2):
@@ -42,23 +55,23 @@ def _matmul_meta(x1, x2):
     return Meta(shape, dtype)
 
 
-def _matmul_examples(g):
-    dtype = g.dtype("numeric")
-    m, k, n = g.integer(1, 4), g.integer(0, 4), g.integer(1, 4)
-    batch = g.shape(max_dims=2)
-    first = g.choice([(k,), (m, k), batch + (m, k)])
-    second = g.choice([(k,), (k, n), g.broadcastable(batch) + (k, n)])
-    return (g.array(first, dtype, low=-5, high=5), g.array(second, dtype, low=-5, high=5)), {}
+def _matmul_grad(xp, g, out, x1, x2):
+    if x1.ndim == 1 and x2.ndim == 1:  # a dot product
+        return g * conj(xp, x2), g * conj(xp, x1)
+    a = conj(xp, x1 if x1.ndim > 1 else xp.expand_dims(x1, axis=0))
+    b = conj(xp, x2 if x2.ndim > 1 else xp.expand_dims(x2, axis=1))
+    if x1.ndim == 1:
+        g = xp.expand_dims(g, axis=-2)
+    if x2.ndim == 1:
+        g = xp.expand_dims(g, axis=-1)
+    ga = unbroadcast(xp, g @ xp.matrix_transpose(b), a.shape)
+    gb = unbroadcast(xp, xp.matrix_transpose(a) @ g, b.shape)
+    return xp.reshape(ga, x1.shape), xp.reshape(gb, x2.shape)
 
 
-def _misaligned(g):
-    dtype = g.dtype("floating")
-    return (g.array((3, 4), dtype), g.array((5, 2), dtype)), {}, ShapeError
-
-
-define(Op("matmul", ("x1", "x2"), {}, _matmul_meta, promote_inputs=True, family="linear algebra", examples=_matmul_examples,
+define(Op("matmul", ("x1", "x2"), {}, _matmul_meta, promote_inputs=True, family="linear algebra", grad=_matmul_grad,
           flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * ins[0].shape[-1],
-          bad_examples=_misaligned, doc="Matrix product with NumPy's rules for 1-d operands and batches."))
+          doc="Matrix product with NumPy's rules for 1-d operands and batches."))
 
 
 def _tensordot_canon(x1, x2, axes):
@@ -89,19 +102,21 @@ def _tensordot_meta(x1, x2, axes):
     return Meta(shape, dtype)
 
 
-def _tensordot_examples(g):
-    dtype = g.dtype("numeric")
-    shared = g.shape(max_dims=2)
-    first = g.array(g.shape(max_dims=2) + shared, dtype, low=-5, high=5)
-    second = g.array(shared + g.shape(max_dims=2), dtype, low=-5, high=5)
-    return (first, second), {"axes": len(shared)}
+def _tensordot_grad(xp, g, out, x1, x2, axes):
+    first, second = axes
+    free1 = [i for i in range(x1.ndim) if i not in first]
+    free2 = [i for i in range(x2.ndim) if i not in second]
+    n1 = len(free1)
+    g1 = xp.tensordot(g, conj(xp, x2), axes=(tuple(range(n1, g.ndim)), tuple(free2)))
+    source1 = free1 + [first[k] for k in _argsort(second)]
+    g2 = xp.tensordot(conj(xp, x1), g, axes=(tuple(free1), tuple(range(n1))))
+    source2 = [second[k] for k in _argsort(first)] + free2
+    return xp.permute_dims(g1, tuple(_argsort(source1))), xp.permute_dims(g2, tuple(_argsort(source2)))
 
 
 define(Op("tensordot", ("x1", "x2"), {"axes": 2}, _tensordot_meta, _tensordot_canon, promote_inputs=True,
           flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * math.prod(ins[0].shape[a] for a in attrs["axes"][0]),
-          family="linear algebra", examples=_tensordot_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((4, 2), dt.float64)), {"axes": 1}, ShapeError),
-          doc="Sum of products over the given axes."))
+          family="linear algebra", grad=_tensordot_grad, doc="Sum of products over the given axes."))
 
 
 def _vecdot_meta(x1, x2, axis):
@@ -117,18 +132,14 @@ def _vecdot_meta(x1, x2, axis):
     return Meta(tuple(s for i, s in enumerate(shape) if i != len(shape) + axis), dtype)
 
 
-def _vecdot_examples(g):
-    dtype = g.dtype("numeric")
-    shape = g.shape(min_dims=1)
-    other = g.array(g.broadcastable(shape[:-1]) + shape[-1:], dtype, low=-5, high=5)
-    return (g.array(shape, dtype, low=-5, high=5), other), {"axis": -1}
+def _vecdot_grad(xp, g, out, x1, x2, axis):
+    g = xp.expand_dims(g, axis=axis)  # out = sum(conj(x1) · x2)
+    return unbroadcast(xp, conj(xp, g) * x2, x1.shape), unbroadcast(xp, g * x1, x2.shape)
 
 
 define(Op("vecdot", ("x1", "x2"), {"axis": -1}, _vecdot_meta, promote_inputs=True,
           flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * ins[0].shape[attrs["axis"]],
-          family="linear algebra", examples=_vecdot_examples,
-          bad_examples=lambda g: ((g.array((3,), dt.float64), g.array((4,), dt.float64)), {"axis": -1}, ShapeError),
-          doc="Dot product of vectors along axis (conjugating x1)."))
+          family="linear algebra", grad=_vecdot_grad, doc="Dot product of vectors along axis (conjugating x1)."))
 
 
 # --- the linalg extension ----------------------------------------------------------------------
@@ -140,23 +151,9 @@ def _square(x):
         raise ShapeError(f"input must be a stack of square matrices, got shape {fmt_shape(x.shape)}")
 
 
-def _matrices(category="floating", square=False, low=-3, high=3):
-    def recipe(g):
-        n = g.integer(1, 4)
-        shape = g.shape(max_dims=2) + ((n, n) if square else (n, g.integer(1, 4)))
-        return (g.array(shape, g.dtype(category), low=low, high=high),), {}
-    return recipe
-
-
-def _not_square(g):
-    return (g.array((2, 3), g.dtype("real floating")),), {}, ShapeError
-
-
-def _matrix_op(name, meta, *, attrs=None, square=True, multiple=False, canon=None, examples=None, determined=None,
-               symmetric_input=False, doc=""):
+def _matrix_op(name, meta, *, attrs=None, multiple=False, canon=None, determined=None, symmetric_input=False, grad, doc=""):
     define(Op(name, ("x",), attrs or {}, meta, canon, family="linalg", multiple=multiple, lift="floating", determined=determined,
-              symmetric_input=symmetric_input,
-              examples=examples or _matrices(square=square), bad_examples=_not_square if square else None, doc=doc))
+              symmetric_input=symmetric_input, grad=grad, doc=doc))
 
 
 def _same_square(x, **_):
@@ -164,39 +161,85 @@ def _same_square(x, **_):
     return Meta(x.shape, x.dtype)
 
 
-def _positive_definite(g):
-    import numpy as np  # recipes run only in tests
-    n = g.integer(1, 4)
-    a = g.array(g.shape(max_dims=1) + (n, n), g.dtype("real floating"), low=-2, high=2)
-    return (a @ np.swapaxes(a, -1, -2) + n * np.eye(n, dtype=a.dtype),), {"upper": g.flag()}
+def _cholesky_grad(xp, g, out, x, upper):
+    lower = _mH(xp, out) if upper else out
+    gl = _mH(xp, g) if upper else g
+    n = x.shape[-1]
+    eye = xp.eye(n, dtype=x.dtype, device=x.device)
+    p = _mH(xp, lower) @ gl
+    phi = xp.tril(p) - 0.5 * eye * p
+    lt = _mH(xp, lower)
+    y = xp.linalg.solve(lt, phi)
+    s = _mH(xp, xp.linalg.solve(lt, _mH(xp, y)))
+    return (0.5 * (s + _mH(xp, s)),)
 
 
-def _well_conditioned(g):
-    import numpy as np
-    n = g.integer(1, 4)
-    a = g.array(g.shape(max_dims=1) + (n, n), g.dtype("real floating"), low=-1, high=1)
-    return (a + 4 * n * np.eye(n, dtype=a.dtype),), {}
-
-
-def _symmetric(g):
-    import numpy as np
-    (a,), _ = _well_conditioned(g)
-    return (a + np.swapaxes(a, -1, -2),), {}
-
-
-_matrix_op("cholesky", lambda x, upper: _same_square(x), attrs={"upper": False}, examples=_positive_definite,
-           symmetric_input=True,
+_matrix_op("cholesky", lambda x, upper: _same_square(x), attrs={"upper": False}, symmetric_input=True, grad=_cholesky_grad,
            doc="Cholesky factor of a Hermitian positive-definite matrix.")
-_matrix_op("inv", _same_square, examples=_well_conditioned, doc="Matrix inverse.")
-_matrix_op("det", lambda x: (_square(x), Meta(x.shape[:-2], x.dtype))[1], doc="Determinant.")
+
+
+def _inv_grad(xp, g, out, x):
+    t = _mH(xp, out)
+    return (-(t @ g @ t),)
+
+
+_matrix_op("inv", _same_square, grad=_inv_grad, doc="Matrix inverse.")
+
+
+def _det_grad(xp, g, out, x):
+    """g · conj(adj x)ᵀ, with the adjugate from the SVD x = u·diag(s)·vh: adj x = det(u·vh)·vh^H·diag(∏_{j≠i} s_j)·u^H,
+    so a singular x (where inv fails) has its gradient too."""
+    u, s, vh = xp.linalg.svd(x)
+    others = xp.prod(xp.where(xp.eye(x.shape[-1], dtype=xp.bool, device=x.device), 1.0, s[..., None, :]), axis=-1)
+    phase = conj(xp, xp.linalg.det(u) * xp.linalg.det(vh))
+    return ((g * phase)[..., None, None] * ((u * others[..., None, :]) @ vh),)
+
+
+_matrix_op("det", lambda x: (_square(x), Meta(x.shape[:-2], x.dtype))[1], grad=_det_grad, doc="Determinant.")
+
+
+def _slogdet_grad(xp, g, out, x):
+    g_sign, scale = g
+    if g_sign is not None and x.dtype.kind == dt.COMPLEX:  # a complex sign turns with Im tr(x⁻¹ dx)
+        turn = 1j * xp.imag(g_sign * xp.conj(out[0]))
+        scale = turn if scale is None else scale + turn
+    if scale is None:  # a real sign is piecewise constant
+        return (xp.zeros_like(x),)
+    return (scale[..., None, None] * _mH(xp, xp.linalg.inv(x)),)
+
+
 _matrix_op("slogdet", lambda x: (_square(x), (Meta(x.shape[:-2], x.dtype), Meta(x.shape[:-2], dt.real_of(x.dtype))))[1],
-           multiple=True, examples=_well_conditioned, doc="Sign and log of the absolute determinant.")
+           multiple=True, grad=_slogdet_grad, doc="Sign and log of the absolute determinant.")
+
+
+def _eigh_grad(xp, g, out, x):
+    w, v = out
+    gw, gv = g
+    vt = _mH(xp, v)
+    inner = xp.zeros_like(x)
+    if gw is not None:
+        inner = inner + gw[..., :, None] * xp.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+    if gv is not None:
+        gap = w[..., None, :] - w[..., :, None]
+        off = ~xp.eye(x.shape[-1], dtype=xp.bool, device=x.device)
+        f = xp.where(off, 1.0 / xp.where(off, gap, 1.0), 0.0)
+        inner = inner + f * (vt @ gv)
+    ga = v @ inner @ vt
+    return (0.5 * (ga + _mH(xp, ga)),)
+
+
 _matrix_op("eigh", lambda x: (_square(x), (Meta(x.shape[:-1], dt.real_of(x.dtype)), Meta(x.shape, x.dtype)))[1],
-           multiple=True, examples=_symmetric, determined=(0,), symmetric_input=True,
+           multiple=True, determined=(0,), symmetric_input=True, grad=_eigh_grad,
            doc="Eigenvalues and eigenvectors of a Hermitian matrix.")
-_matrix_op("eigvalsh", lambda x: (_square(x), Meta(x.shape[:-1], dt.real_of(x.dtype)))[1], examples=_symmetric,
-           symmetric_input=True,
-           doc="Eigenvalues of a Hermitian matrix.")
+
+
+def _eigvalsh_grad(xp, g, out, x):
+    _, v = xp.linalg.eigh(x)
+    return (v @ (g[..., :, None] * _mH(xp, v)),)
+
+
+_matrix_op("eigvalsh", lambda x: (_square(x), Meta(x.shape[:-1], dt.real_of(x.dtype)))[1], symmetric_input=True,
+           grad=_eigvalsh_grad, doc="Eigenvalues of a Hermitian matrix.")
 
 
 def _matrix_power_meta(x, n):
@@ -207,11 +250,22 @@ def _matrix_power_meta(x, n):
     return Meta(x.shape, x.dtype)
 
 
+def _matrix_power_grad(xp, g, out, x, n):
+    if n == 0:
+        return (xp.zeros_like(x),)
+    base = x if n > 0 else xp.linalg.inv(x)
+    m = abs(n)
+    powers = [xp.eye(x.shape[-1], dtype=x.dtype, device=x.device)]
+    for _ in range(m - 1):
+        powers.append(powers[-1] @ base)
+    gb = sum((_mH(xp, powers[k]) @ g @ _mH(xp, powers[m - 1 - k]) for k in range(m)), xp.zeros_like(x))
+    if n > 0:
+        return (gb,)
+    return (-(_mH(xp, base) @ gb @ _mH(xp, base)),)
+
+
 define(Op("matrix_power", ("x",), {"n": REQUIRED}, _matrix_power_meta, lambda x, n: {"n": as_int(n, "n")}, family="linalg",
-          positional=("n", "/"),
-          examples=lambda g: ((_well_conditioned(g)[0][0],), {"n": g.integer(-2, 3)}),
-          bad_examples=lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
-          doc="x raised to the integer power n (negative n inverts)."))
+          positional=("n", "/"), grad=_matrix_power_grad, doc="x raised to the integer power n (negative n inverts)."))
 
 
 def _general(x):
@@ -235,14 +289,28 @@ def _svd_meta(x, full_matrices):
     return Meta(batch + (m, u), x.dtype), Meta(batch + (k,), dt.real_of(x.dtype)), Meta(batch + (v, n), x.dtype)
 
 
+def _svd_grad(xp, g, out, x, full_matrices):
+    gu, gs, gvh = g
+    if gu is not None or gvh is not None:
+        raise NotImplementedError("svd: gradients through U and Vh are not supported; use svdvals for S")
+    u, _, vh = xp.linalg.svd(x, full_matrices=False)
+    return (u @ (gs[..., :, None] * vh),)
+
+
+def _svdvals_grad(xp, g, out, x):
+    u, _, vh = xp.linalg.svd(x, full_matrices=False)
+    return (u @ (g[..., :, None] * vh),)
+
+
 define(Op("qr", ("x",), {"mode": "reduced"}, _qr_meta, family="linalg", multiple=True, lift="floating", determined=(),
-          examples=lambda g: (_matrices()(g)[0], {"mode": g.choice(["reduced", "complete"])}), doc="QR decomposition."))
+          grad=NotDifferentiable("qr: gradients are not implemented yet"), doc="QR decomposition."))
 define(Op("svd", ("x",), {"full_matrices": True}, _svd_meta, family="linalg", multiple=True, lift="floating", determined=(1,),
-          examples=lambda g: (_matrices()(g)[0], {"full_matrices": g.flag()}), doc="Singular value decomposition."))
+          grad=_svd_grad, doc="Singular value decomposition."))
 define(Op("svdvals", ("x",), {}, lambda x: (lambda b, m, n, k: Meta(b + (k,), dt.real_of(x.dtype)))(*_general(x)),
-          family="linalg", lift="floating", examples=_matrices(), doc="Singular values."))
+          family="linalg", lift="floating", grad=_svdvals_grad, doc="Singular values."))
 define(Op("pinv", ("x",), {"rtol": None}, lambda x, rtol: (lambda b, m, n, k: Meta(b + (n, m), x.dtype))(*_general(x)),
-          family="linalg", lift="floating", examples=lambda g: (_matrices()(g)[0], {"rtol": None}),
+          family="linalg", lift="floating",
+          grad=NotDifferentiable("pinv: gradients are not implemented yet; solve or lstsq-style formulas differentiate"),
           doc="Moore–Penrose pseudo-inverse."))
 
 
@@ -260,15 +328,18 @@ def _solve_meta(x1, x2):
     return Meta(broadcast_shapes(x1.shape[:-2], x2.shape[:-2]) + x2.shape[-2:], dtype)
 
 
-def _solve_examples(g):
-    (a,), _ = _well_conditioned(g)
-    n = a.shape[-1]
-    b = g.array(g.choice([(n,), a.shape[:-1] + (g.integer(1, 3),)]), g.dtype_of(a), low=-3, high=3)
-    return (a, b), {}
+def _solve_grad(xp, g, out, x1, x2):
+    t = _mH(xp, x1)
+    if x2.ndim == 1:
+        gb = xp.linalg.solve(t, g[..., None])[..., 0]
+        ga = -(gb[..., :, None] * conj(xp, out)[..., None, :])
+    else:
+        gb = xp.linalg.solve(t, g)
+        ga = -(gb @ _mH(xp, out))
+    return unbroadcast(xp, ga, x1.shape), unbroadcast(xp, gb, x2.shape)
 
 
-define(Op("solve", ("x1", "x2"), {}, _solve_meta, promote_inputs=True, family="linalg", lift="floating", examples=_solve_examples,
-          bad_examples=lambda g: ((g.array((3, 3), dt.float64), g.array((4,), dt.float64)), {}, ShapeError),
+define(Op("solve", ("x1", "x2"), {}, _solve_meta, promote_inputs=True, family="linalg", lift="floating", grad=_solve_grad,
           doc="Solution of x1 @ out = x2."))
 
 
@@ -283,15 +354,12 @@ def _cross_meta(x1, x2, axis):
     return Meta(shape, dtype)
 
 
-def _cross_examples(g):
-    dtype = g.dtype("real numeric")
-    batch = g.shape(max_dims=2)
-    other = g.array(g.broadcastable(batch) + (3,), dtype, low=-5, high=5)
-    return (g.array(batch + (3,), dtype, low=-5, high=5), other), {"axis": -1}
+def _cross_grad(xp, g, out, x1, x2, axis):
+    return (unbroadcast(xp, xp.linalg.cross(conj(xp, x2), g, axis=axis), x1.shape),
+            unbroadcast(xp, xp.linalg.cross(g, conj(xp, x1), axis=axis), x2.shape))
 
 
-define(Op("cross", ("x1", "x2"), {"axis": -1}, _cross_meta, promote_inputs=True, family="linalg", examples=_cross_examples,
-          bad_examples=lambda g: ((g.array((2,), dt.float64), g.array((2,), dt.float64)), {"axis": -1}, ShapeError),
+define(Op("cross", ("x1", "x2"), {"axis": -1}, _cross_meta, promote_inputs=True, family="linalg", grad=_cross_grad,
           doc="Cross product of 3-vectors along axis."))
 
 
@@ -303,8 +371,9 @@ def _diagonal_meta(x, offset):
 
 
 define(Op("diagonal", ("x",), {"offset": 0}, _diagonal_meta, lambda x, offset: {"offset": as_int(offset, "offset")},
-          family="linalg", examples=lambda g: (_matrices("any")(g)[0], {"offset": g.integer(-3, 3)}),
-          bad_examples=lambda g: ((g.array((3,), dt.float64),), {"offset": 0}, ShapeError), doc="Diagonals of matrices."))
+          family="linalg",
+          grad=lambda xp, g, out, x, offset: (scatter_back(xp, g, x, lambda p: xp.linalg.diagonal(p, offset=offset)),),
+          doc="Diagonals of matrices."))
 
 
 def _trace_meta(x, offset, dtype):
@@ -313,10 +382,14 @@ def _trace_meta(x, offset, dtype):
     return Meta(x.shape[:-2], dtype)
 
 
+def _trace_grad(xp, g, out, x, offset, dtype):
+    eye = xp.eye(x.shape[-2], x.shape[-1], k=offset, dtype=x.dtype, device=x.device)
+    return (xp.astype(g, x.dtype)[..., None, None] * eye,)
+
+
 define(Op("trace", ("x",), {"offset": 0, "dtype": None}, _trace_meta,
           lambda x, offset, dtype: {"offset": as_int(offset, "offset"), "dtype": dtype or dt.accumulation_dtype(x.dtype)},
-          family="linalg", examples=lambda g: (_matrices("numeric")(g)[0], {"offset": g.integer(-2, 2)}),
-          bad_examples=lambda g: ((g.array((3,), dt.float64),), {}, ShapeError), doc="Sums along diagonals."))
+          family="linalg", grad=_trace_grad, doc="Sums along diagonals."))
 
 
 _MATRIX_ORDS = ("fro", "nuc", 1, -1, 2, -2, float("inf"), float("-inf"))
@@ -328,184 +401,6 @@ def _matrix_norm_meta(x, keepdims, ord):
     if ord not in _MATRIX_ORDS:
         raise ArgumentError(f"ord must be one of {_MATRIX_ORDS}, got {ord!r}")
     return Meta(x.shape[:-2] + ((1, 1) if keepdims else ()), dt.real_of(x.dtype))
-
-
-define(Op("matrix_norm", ("x",), {"keepdims": False, "ord": "fro"}, _matrix_norm_meta, family="linalg", lift="floating",
-          examples=lambda g: (_matrices()(g)[0], {"keepdims": g.flag(), "ord": g.choice(_MATRIX_ORDS)}),
-          bad_examples=lambda g: ((g.array((3,), dt.float64),), {}, ShapeError), doc="Matrix norm of the last two axes."))
-
-
-def _vector_norm_meta(x, axis, keepdims, ord):
-    require(x.dtype, "floating")
-    if isinstance(ord, bool) or not isinstance(ord, (int, float)):
-        raise ArgumentError(f"ord must be a number, got {ord!r}")
-    if ord in (float("inf"), float("-inf")) and 0 in [x.shape[a] for a in (range(x.ndim) if axis is None else axis)]:
-        raise ShapeError(f"the {ord} norm of a zero-size axis of shape {fmt_shape(x.shape)} is undefined (no identity)")
-    return Meta(reduced_shape(x.shape, axis, keepdims), dt.real_of(x.dtype))
-
-
-def _vector_norm_examples(g):
-    shape = g.shape(min_side=1)
-    axes = None if not shape or g.flag() else (g.integer(0, len(shape) - 1),)
-    ord_ = g.choice([2, 1, 0, float("inf"), 3])
-    return (g.array(shape, g.dtype("floating")),), {"axis": axes, "keepdims": g.flag(), "ord": ord_}
-
-
-define(Op("vector_norm", ("x",), {"axis": None, "keepdims": False, "ord": 2}, _vector_norm_meta,
-          lambda x, axis, **_: {"axis": normalize_axes(axis, x.ndim)}, family="linalg", lift="floating",
-          examples=_vector_norm_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float64),), {"axis": 3}, AxisError), doc="Vector norm over axis."))
-
-
-# --- gradient rules (complex values in PyTorch's convention, as in elementwise.py) -------------------------
-
-from .gradients import NotDifferentiable, conj, defgrad, scatter_back, unbroadcast  # noqa: E402
-
-
-def _argsort(values):
-    return sorted(range(len(values)), key=lambda i: values[i])
-
-
-def _mH(xp, a):
-    """The conjugate transpose of a stack of matrices (the transpose for real ones)."""
-    return conj(xp, xp.matrix_transpose(a))
-
-
-def _matmul_grad(xp, g, out, x1, x2):
-    if x1.ndim == 1 and x2.ndim == 1:  # a dot product
-        return g * conj(xp, x2), g * conj(xp, x1)
-    a = conj(xp, x1 if x1.ndim > 1 else xp.expand_dims(x1, axis=0))
-    b = conj(xp, x2 if x2.ndim > 1 else xp.expand_dims(x2, axis=1))
-    if x1.ndim == 1:
-        g = xp.expand_dims(g, axis=-2)
-    if x2.ndim == 1:
-        g = xp.expand_dims(g, axis=-1)
-    ga = unbroadcast(xp, g @ xp.matrix_transpose(b), a.shape)
-    gb = unbroadcast(xp, xp.matrix_transpose(a) @ g, b.shape)
-    return xp.reshape(ga, x1.shape), xp.reshape(gb, x2.shape)
-
-
-def _tensordot_grad(xp, g, out, x1, x2, axes):
-    first, second = axes
-    free1 = [i for i in range(x1.ndim) if i not in first]
-    free2 = [i for i in range(x2.ndim) if i not in second]
-    n1 = len(free1)
-    g1 = xp.tensordot(g, conj(xp, x2), axes=(tuple(range(n1, g.ndim)), tuple(free2)))
-    source1 = free1 + [first[k] for k in _argsort(second)]
-    g2 = xp.tensordot(conj(xp, x1), g, axes=(tuple(free1), tuple(range(n1))))
-    source2 = [second[k] for k in _argsort(first)] + free2
-    return xp.permute_dims(g1, tuple(_argsort(source1))), xp.permute_dims(g2, tuple(_argsort(source2)))
-
-
-def _vecdot_grad(xp, g, out, x1, x2, axis):
-    g = xp.expand_dims(g, axis=axis)  # out = sum(conj(x1) · x2)
-    return unbroadcast(xp, conj(xp, g) * x2, x1.shape), unbroadcast(xp, g * x1, x2.shape)
-
-
-def _inv_grad(xp, g, out, x):
-    t = _mH(xp, out)
-    return (-(t @ g @ t),)
-
-
-def _det_grad(xp, g, out, x):
-    """g · conj(adj x)ᵀ, with the adjugate from the SVD x = u·diag(s)·vh: adj x = det(u·vh)·vh^H·diag(∏_{j≠i} s_j)·u^H,
-    so a singular x (where inv fails) has its gradient too."""
-    u, s, vh = xp.linalg.svd(x)
-    others = xp.prod(xp.where(xp.eye(x.shape[-1], dtype=xp.bool, device=x.device), 1.0, s[..., None, :]), axis=-1)
-    phase = conj(xp, xp.linalg.det(u) * xp.linalg.det(vh))
-    return ((g * phase)[..., None, None] * ((u * others[..., None, :]) @ vh),)
-
-
-def _slogdet_grad(xp, g, out, x):
-    g_sign, scale = g
-    if g_sign is not None and x.dtype.kind == dt.COMPLEX:  # a complex sign turns with Im tr(x⁻¹ dx)
-        turn = 1j * xp.imag(g_sign * xp.conj(out[0]))
-        scale = turn if scale is None else scale + turn
-    if scale is None:  # a real sign is piecewise constant
-        return (xp.zeros_like(x),)
-    return (scale[..., None, None] * _mH(xp, xp.linalg.inv(x)),)
-
-
-def _solve_grad(xp, g, out, x1, x2):
-    t = _mH(xp, x1)
-    if x2.ndim == 1:
-        gb = xp.linalg.solve(t, g[..., None])[..., 0]
-        ga = -(gb[..., :, None] * conj(xp, out)[..., None, :])
-    else:
-        gb = xp.linalg.solve(t, g)
-        ga = -(gb @ _mH(xp, out))
-    return unbroadcast(xp, ga, x1.shape), unbroadcast(xp, gb, x2.shape)
-
-
-def _cholesky_grad(xp, g, out, x, upper):
-    lower = _mH(xp, out) if upper else out
-    gl = _mH(xp, g) if upper else g
-    n = x.shape[-1]
-    eye = xp.eye(n, dtype=x.dtype, device=x.device)
-    p = _mH(xp, lower) @ gl
-    phi = xp.tril(p) - 0.5 * eye * p
-    lt = _mH(xp, lower)
-    y = xp.linalg.solve(lt, phi)
-    s = _mH(xp, xp.linalg.solve(lt, _mH(xp, y)))
-    return (0.5 * (s + _mH(xp, s)),)
-
-
-def _eigh_grad(xp, g, out, x):
-    w, v = out
-    gw, gv = g
-    vt = _mH(xp, v)
-    inner = xp.zeros_like(x)
-    if gw is not None:
-        inner = inner + gw[..., :, None] * xp.eye(x.shape[-1], dtype=x.dtype, device=x.device)
-    if gv is not None:
-        gap = w[..., None, :] - w[..., :, None]
-        off = ~xp.eye(x.shape[-1], dtype=xp.bool, device=x.device)
-        f = xp.where(off, 1.0 / xp.where(off, gap, 1.0), 0.0)
-        inner = inner + f * (vt @ gv)
-    ga = v @ inner @ vt
-    return (0.5 * (ga + _mH(xp, ga)),)
-
-
-def _eigvalsh_grad(xp, g, out, x):
-    _, v = xp.linalg.eigh(x)
-    return (v @ (g[..., :, None] * _mH(xp, v)),)
-
-
-def _svdvals_grad(xp, g, out, x):
-    u, _, vh = xp.linalg.svd(x, full_matrices=False)
-    return (u @ (g[..., :, None] * vh),)
-
-
-def _svd_grad(xp, g, out, x, full_matrices):
-    gu, gs, gvh = g
-    if gu is not None or gvh is not None:
-        raise NotImplementedError("svd: gradients through U and Vh are not supported; use svdvals for S")
-    u, _, vh = xp.linalg.svd(x, full_matrices=False)
-    return (u @ (gs[..., :, None] * vh),)
-
-
-def _matrix_power_grad(xp, g, out, x, n):
-    if n == 0:
-        return (xp.zeros_like(x),)
-    base = x if n > 0 else xp.linalg.inv(x)
-    m = abs(n)
-    powers = [xp.eye(x.shape[-1], dtype=x.dtype, device=x.device)]
-    for _ in range(m - 1):
-        powers.append(powers[-1] @ base)
-    gb = sum((_mH(xp, powers[k]) @ g @ _mH(xp, powers[m - 1 - k]) for k in range(m)), xp.zeros_like(x))
-    if n > 0:
-        return (gb,)
-    return (-(_mH(xp, base) @ gb @ _mH(xp, base)),)
-
-
-def _cross_grad(xp, g, out, x1, x2, axis):
-    return (unbroadcast(xp, xp.linalg.cross(conj(xp, x2), g, axis=axis), x1.shape),
-            unbroadcast(xp, xp.linalg.cross(g, conj(xp, x1), axis=axis), x2.shape))
-
-
-def _trace_grad(xp, g, out, x, offset, dtype):
-    eye = xp.eye(x.shape[-2], x.shape[-1], k=offset, dtype=x.dtype, device=x.device)
-    return (xp.astype(g, x.dtype)[..., None, None] * eye,)
 
 
 def _matrix_norm_grad(xp, g, out, x, keepdims, ord):
@@ -529,8 +424,20 @@ def _matrix_norm_grad(xp, g, out, x, keepdims, ord):
     return (gg * xp.sign(x) * mask,)
 
 
+define(Op("matrix_norm", ("x",), {"keepdims": False, "ord": "fro"}, _matrix_norm_meta, family="linalg", lift="floating",
+          grad=_matrix_norm_grad, doc="Matrix norm of the last two axes."))
+
+
+def _vector_norm_meta(x, axis, keepdims, ord):
+    require(x.dtype, "floating")
+    if isinstance(ord, bool) or not isinstance(ord, (int, float)):
+        raise ArgumentError(f"ord must be a number, got {ord!r}")
+    if ord in (float("inf"), float("-inf")) and 0 in [x.shape[a] for a in (range(x.ndim) if axis is None else axis)]:
+        raise ShapeError(f"the {ord} norm of a zero-size axis of shape {fmt_shape(x.shape)} is undefined (no identity)")
+    return Meta(reduced_shape(x.shape, axis, keepdims), dt.real_of(x.dtype))
+
+
 def _vector_norm_grad(xp, g, out, x, axis, keepdims, ord):
-    from .gradients import expand_reduced
     gg = expand_reduced(xp, g, x.shape, axis, keepdims)
     norm = expand_reduced(xp, out, x.shape, axis, keepdims)
     if ord == 0:
@@ -547,23 +454,6 @@ def _vector_norm_grad(xp, g, out, x, axis, keepdims, ord):
     return (xp.where(norm > 0, gg * xp.sign(x) * xp.abs(x) ** (ord - 1) / safe ** (ord - 1), 0.0),)
 
 
-defgrad("matmul", _matmul_grad)
-defgrad("tensordot", _tensordot_grad)
-defgrad("vecdot", _vecdot_grad)
-defgrad("inv", _inv_grad)
-defgrad("det", _det_grad)
-defgrad("slogdet", _slogdet_grad)
-defgrad("solve", _solve_grad)
-defgrad("cholesky", _cholesky_grad)
-defgrad("eigh", _eigh_grad)
-defgrad("eigvalsh", _eigvalsh_grad)
-defgrad("svdvals", _svdvals_grad)
-defgrad("svd", _svd_grad)
-defgrad("matrix_power", _matrix_power_grad)
-defgrad("cross", _cross_grad)
-defgrad("diagonal", lambda xp, g, out, x, offset: (scatter_back(xp, g, x, lambda p: xp.linalg.diagonal(p, offset=offset)),))
-defgrad("trace", _trace_grad)
-defgrad("matrix_norm", _matrix_norm_grad)
-defgrad("vector_norm", _vector_norm_grad)
-defgrad("qr", NotDifferentiable("qr: gradients are not implemented yet"))
-defgrad("pinv", NotDifferentiable("pinv: gradients are not implemented yet; solve or lstsq-style formulas differentiate"))
+define(Op("vector_norm", ("x",), {"axis": None, "keepdims": False, "ord": 2}, _vector_norm_meta,
+          lambda x, axis, **_: {"axis": normalize_axes(axis, x.ndim)}, family="linalg", lift="floating",
+          grad=_vector_norm_grad, doc="Vector norm over axis."))

@@ -6,7 +6,7 @@ import math
 
 from .. import dtypes as dt
 from ..errors import ArgumentError, AxisError, ShapeError
-from . import samples
+from .gradients import scatter_back, unbroadcast
 from .table import (
     REQUIRED,
     Meta,
@@ -22,13 +22,17 @@ from .table import (
 )
 
 
-def _astype_examples(g):
-    return (g.array(g.shape(), g.dtype("real numeric"), low=0, high=100),), {"dtype": g.dtype("real numeric"), "copy": True}
+def _astype_grad(xp, g, out, x, dtype, copy):
+    if not dt.in_category(x.dtype, "floating"):
+        return (None,)
+    if g.dtype.kind == dt.COMPLEX and x.dtype.kind != dt.COMPLEX:
+        g = xp.real(g)  # a real input's gradient is the real part (NumPy warns when astype drops the imaginary part)
+    return (xp.astype(g, x.dtype),)
 
 
 define(Op("astype", ("x",), {"dtype": REQUIRED, "copy": True}, lambda x, dtype, copy: Meta(x.shape, dtype),
           lambda x, dtype, copy: {"dtype": _as_dtype(dtype)}, family="data type", positional=("dtype", "/"),
-          examples=_astype_examples, doc="Copy of x cast to dtype."))
+          grad=_astype_grad, doc="Copy of x cast to dtype."))
 
 
 def _as_dtype(dtype):
@@ -43,16 +47,9 @@ def _broadcast_to_meta(x, shape):
     return Meta(shape, x.dtype)
 
 
-def _broadcast_to_examples(g):
-    shape = g.shape()
-    target = tuple(g.choice([s, 1]) for s in shape)[g.integer(0, len(shape)):] if shape else ()
-    return (g.array(target, g.dtype("any")),), {"shape": shape}
-
-
 define(Op("broadcast_to", ("x",), {"shape": REQUIRED}, _broadcast_to_meta, lambda x, shape: {"shape": as_shape(shape)},
-          family="manipulation", positional=("shape",), examples=_broadcast_to_examples,
-          bad_examples=lambda g: ((g.array((3,), g.dtype("any")),), {"shape": (2,)}, ShapeError),
-          doc="x broadcast to shape."))
+          family="manipulation", positional=("shape",),
+          grad=lambda xp, g, out, x, shape: (unbroadcast(xp, g, x.shape),), doc="x broadcast to shape."))
 
 
 def _concat_meta(*arrays, axis):
@@ -73,21 +70,24 @@ def _concat_meta(*arrays, axis):
     return Meta(tuple(shape), dtype)
 
 
-def _concat_examples(g):
-    shape = g.shape(min_dims=1)
-    axis = g.integer(-len(shape), len(shape) - 1)
-    dtype = g.dtype("any")
-    arrays = []
-    for _ in range(g.integer(1, 3)):
-        s = list(shape)
-        s[axis] = g.integer(0, 3)
-        arrays.append(g.array(tuple(s), dtype))
-    return tuple(arrays), {"axis": axis}
+def _split_grad(xp, g, out, *arrays, axis):
+    """concat's adjoint: the cotangent cut back into the inputs' extents along axis."""
+    if axis is None:
+        g = xp.reshape(g, (-1,))
+    grads, start = [], 0
+    for a in arrays:
+        if axis is None:
+            size = math.prod(a.shape)
+            grads.append(xp.reshape(g[start:start + size], a.shape))
+        else:
+            size = a.shape[axis]
+            index = (slice(None),) * (axis % g.ndim) + (slice(start, start + size),)
+            grads.append(g[index])
+        start += size
+    return tuple(grads)
 
 
-define(Op("concat", ("*arrays",), {"axis": 0}, _concat_meta, promote_inputs=True, family="manipulation",
-          examples=_concat_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((2, 4), dt.float64)), {"axis": 0}, ShapeError),
+define(Op("concat", ("*arrays",), {"axis": 0}, _concat_meta, promote_inputs=True, family="manipulation", grad=_split_grad,
           doc="Join arrays along an existing axis (flattened when axis is None)."))
 
 
@@ -103,13 +103,8 @@ def _stack_meta(*arrays, axis):
     return Meta(tuple(shape), dtype)
 
 
-def _stack_examples(g):
-    shape, dtype = g.shape(), g.dtype("any")
-    return tuple(g.array(shape, dtype) for _ in range(g.integer(1, 3))), {"axis": g.integer(-len(shape) - 1, len(shape))}
-
-
-define(Op("stack", ("*arrays",), {"axis": 0}, _stack_meta, promote_inputs=True, family="manipulation", examples=_stack_examples,
-          bad_examples=lambda g: ((g.array((2,), dt.int32), g.array((3,), dt.int32)), {"axis": 0}, ShapeError),
+define(Op("stack", ("*arrays",), {"axis": 0}, _stack_meta, promote_inputs=True, family="manipulation",
+          grad=lambda xp, g, out, *arrays, axis: tuple(xp.unstack(g, axis=axis)),
           doc="Join arrays of one shape along a new axis."))
 
 
@@ -121,29 +116,14 @@ def _expand_dims_meta(x, axis):
     return Meta(tuple(shape), x.dtype)
 
 
-def _expand_dims_examples(g):
-    shape = g.shape(max_dims=3)
-    return (g.array(shape, g.dtype("any")),), {"axis": g.integer(-len(shape) - 1, len(shape))}
-
-
 define(Op("expand_dims", ("x",), {"axis": REQUIRED}, _expand_dims_meta, family="manipulation", positional=("axis",),
-          examples=_expand_dims_examples, bad_examples=lambda g: ((g.array((2,), dt.int64),), {"axis": 3}, AxisError),
-          doc="Insert a size-1 axis at position axis."))
+          grad=lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),), doc="Insert a size-1 axis at position axis."))
 
 
 define(Op("flip", ("x",), {"axis": None}, lambda x, axis: Meta(x.shape, x.dtype),
-          lambda x, axis: {"axis": normalize_axes(axis, x.ndim)},
-          family="manipulation", examples=lambda g: _axis_recipe(g, "any"), bad_examples=samples.bad_axis("any"),
+          lambda x, axis: {"axis": normalize_axes(axis, x.ndim)}, family="manipulation",
+          grad=lambda xp, g, out, x, axis: (xp.flip(g, axis=axis),),
           doc="Reverse the order of elements along axis (all axes when None)."))
-
-
-def _axis_recipe(g, category):
-    """One array and an axis that is None, an int or a tuple."""
-    shape = g.shape()
-    ndim = len(shape)
-    several = tuple(sorted({g.integer(0, ndim - 1) for _ in range(2)})) if ndim else ()
-    axis = None if not ndim or g.flag() else g.choice([g.integer(-ndim, ndim - 1), several])
-    return (g.array(shape, g.dtype(category)),), {"axis": axis}
 
 
 def _moveaxis_meta(x, source, destination):
@@ -161,15 +141,9 @@ def _moveaxis_meta(x, source, destination):
     return Meta(tuple(x.shape[a] for a in order), x.dtype)
 
 
-def _moveaxis_examples(g):
-    shape = g.shape(min_dims=1)
-    n = len(shape)
-    return (g.array(shape, g.dtype("any")),), {"source": g.integer(-n, n - 1), "destination": g.integer(-n, n - 1)}
-
-
 define(Op("moveaxis", ("x",), {"source": REQUIRED, "destination": REQUIRED}, _moveaxis_meta, family="manipulation",
-          positional=("source", "destination", "/"), examples=_moveaxis_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"source": 2, "destination": 0}, AxisError),
+          positional=("source", "destination", "/"),
+          grad=lambda xp, g, out, x, source, destination: (xp.moveaxis(g, destination, source),),
           doc="Move axes from source positions to destination positions."))
 
 
@@ -180,16 +154,16 @@ def _permute_meta(x, axes):
     return Meta(tuple(x.shape[a] for a in axes), x.dtype)
 
 
-def _permute_examples(g):
-    shape = g.shape()
-    axes = list(range(len(shape)))
-    return (g.array(shape, g.dtype("any")),), {"axes": tuple(g.permutation(axes))}
+def _inverse(axes):
+    inverse = [0] * len(axes)
+    for i, a in enumerate(axes):
+        inverse[a] = i
+    return tuple(inverse)
 
 
 define(Op("permute_dims", ("x",), {"axes": REQUIRED}, _permute_meta,
           lambda x, axes: {"axes": tuple(normalize_axis(a, x.ndim) for a in axes) if len(axes) == x.ndim else tuple(axes)},
-          family="manipulation", positional=("axes",), examples=_permute_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"axes": (0, 0)}, AxisError),
+          family="manipulation", positional=("axes",), grad=lambda xp, g, out, x, axes: (xp.permute_dims(g, _inverse(axes)),),
           doc="Permute the axes of x."))
 
 
@@ -217,17 +191,22 @@ def _repeat_canon(x, repeats, axis):
     return {"repeats": repeats, "axis": None if axis is None else normalize_axis(axis, x.ndim)}
 
 
-def _repeat_examples(g):
-    shape = g.shape(min_dims=1)
-    axis = g.integer(0, len(shape) - 1)
-    repeats = g.choice([g.integer(0, 3), tuple(g.integer(0, 3) for _ in range(shape[axis]))])
-    return (g.array(shape, g.dtype("any")),), {"repeats": repeats, "axis": axis}
+def _repeat_grad(xp, g, out, x, repeats, axis):
+    flat = axis is None
+    axis_ = 0 if flat else axis
+    size = math.prod(x.shape) if flat else x.shape[axis]
+    if isinstance(repeats, tuple) and len(repeats) == size:
+        counts = repeats
+    else:
+        counts = (repeats if isinstance(repeats, int) else repeats[0],) * size
+    index = xp.asarray([i for i, c in enumerate(counts) for _ in range(c)], dtype=dt.int64, device=g.device)
+    def gather(positions):
+        return xp.take(xp.reshape(positions, (-1,)) if flat else positions, index, axis=axis_)
+    return (scatter_back(xp, g, x, gather),)
 
 
 define(Op("repeat", ("x",), {"repeats": REQUIRED, "axis": None}, _repeat_meta, _repeat_canon, family="manipulation",
-          positional=("repeats", "/"), examples=_repeat_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"repeats": -1, "axis": 0}, ArgumentError),
-          doc="Repeat each element of x (along axis, or of the flattened x)."))
+          positional=("repeats", "/"), grad=_repeat_grad, doc="Repeat each element of x (along axis, or of the flattened x)."))
 
 
 def _reshape_canon(x, shape, copy):
@@ -245,16 +224,8 @@ def _reshape_canon(x, shape, copy):
     return {"shape": shape}
 
 
-def _reshape_examples(g):
-    shape = g.shape()
-    size = math.prod(shape)
-    target = g.choice([(size,), (-1,), tuple(reversed(shape)), shape + (1,)])
-    return (g.array(shape, g.dtype("any")),), {"shape": target, "copy": None}
-
-
 define(Op("reshape", ("x",), {"shape": REQUIRED, "copy": None}, lambda x, shape, copy: Meta(shape, x.dtype), _reshape_canon,
-          family="manipulation", positional=("shape",), examples=_reshape_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"shape": (4,), "copy": None}, ShapeError),
+          family="manipulation", positional=("shape",), grad=lambda xp, g, out, x, shape, copy: (xp.reshape(g, x.shape),),
           doc="x with a new shape of the same size (one dimension may be -1)."))
 
 
@@ -270,16 +241,10 @@ def _roll_canon(x, shift, axis):
     return {"shift": shifts, "axis": axes}
 
 
-def _roll_examples(g):
-    (x,), attrs = _axis_recipe(g, "any")
-    axis = attrs["axis"]
-    shift = g.integer(-5, 5) if not isinstance(axis, tuple) else tuple(g.integer(-5, 5) for _ in axis)
-    return (x,), {"shift": shift, "axis": axis}
-
-
 define(Op("roll", ("x",), {"shift": REQUIRED, "axis": None}, lambda x, shift, axis: Meta(x.shape, x.dtype), _roll_canon,
-          family="manipulation", positional=("shift",), examples=_roll_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"shift": 1, "axis": 2}, AxisError),
+          family="manipulation", positional=("shift",),
+          grad=lambda xp, g, out, x, shift, axis: (
+              xp.roll(g, tuple(-s for s in shift) if isinstance(shift, tuple) else -shift, axis=axis),),
           doc="Roll elements along axis (of the flattened x when axis is None)."))
 
 
@@ -290,16 +255,8 @@ def _squeeze_meta(x, axis):
     return Meta(tuple(s for i, s in enumerate(x.shape) if i not in axis), x.dtype)
 
 
-def _squeeze_examples(g):
-    shape = g.shape(min_dims=1)
-    i = g.integer(0, len(shape) - 1)
-    shape = shape[:i] + (1,) + shape[i + 1:]
-    return (g.array(shape, g.dtype("any")),), {"axis": g.choice([i, i - len(shape), (i,)])}
-
-
 define(Op("squeeze", ("x",), {"axis": REQUIRED}, _squeeze_meta, lambda x, axis: {"axis": normalize_axes(axis, x.ndim)},
-          family="manipulation", positional=("axis",), examples=_squeeze_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.int64),), {"axis": 0}, ShapeError),
+          family="manipulation", positional=("axis",), grad=lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),),
           doc="Remove size-1 axes."))
 
 
@@ -313,12 +270,18 @@ def _tile_meta(x, repetitions):
     return Meta(tuple(s * r for s, r in zip(shape, reps)), x.dtype)
 
 
+def _tile_grad(xp, g, out, x, repetitions):
+    n = max(len(repetitions), x.ndim)
+    shape = (1,) * (n - x.ndim) + x.shape
+    reps = (1,) * (n - len(repetitions)) + tuple(repetitions)
+    split = tuple(d for pair in zip(reps, shape) for d in pair)
+    summed = xp.sum(xp.reshape(g, split), axis=tuple(range(0, 2 * n, 2)))
+    return (xp.reshape(summed, x.shape),)
+
+
 define(Op("tile", ("x",), {"repetitions": REQUIRED}, _tile_meta,
           lambda x, repetitions: {"repetitions": tuple(as_int(r, "repetitions") for r in repetitions)},
-          family="manipulation", positional=("repetitions", "/"),
-          examples=lambda g: ((g.array(g.shape(max_dims=3), g.dtype("any")),),
-                              {"repetitions": tuple(g.integer(0, 3) for _ in range(g.integer(0, 4)))}),
-          bad_examples=lambda g: ((g.array((2,), dt.int64),), {"repetitions": (-1,)}, ArgumentError),
+          family="manipulation", positional=("repetitions", "/"), grad=_tile_grad,
           doc="Tile x by repetitions along each axis."))
 
 
@@ -329,78 +292,6 @@ def _unstack_meta(x, axis):
     return tuple(Meta(rest, x.dtype) for _ in range(x.shape[axis]))
 
 
-def _unstack_examples(g):
-    shape = g.shape(min_dims=1)
-    return (g.array(shape, g.dtype("any")),), {"axis": g.integer(-len(shape), len(shape) - 1)}
-
-
-define(Op("unstack", ("x",), {"axis": 0}, _unstack_meta, lambda x, axis: {"axis": normalize_axis(axis, max(x.ndim, 1))},
-          family="manipulation", multiple=True,
-          examples=_unstack_examples,
-          bad_examples=samples.bad_axis("any"), doc="Split x along axis into a tuple of arrays."))
-
-
-# --- gradient rules ------------------------------------------------------------------------------------
-
-from .gradients import defgrad, unbroadcast  # noqa: E402
-
-
-def _inverse(axes):
-    inverse = [0] * len(axes)
-    for i, a in enumerate(axes):
-        inverse[a] = i
-    return tuple(inverse)
-
-
-def _split_grad(xp, g, out, *arrays, axis):
-    """concat's adjoint: the cotangent cut back into the inputs' extents along axis."""
-    if axis is None:
-        g = xp.reshape(g, (-1,))
-    grads, start = [], 0
-    for a in arrays:
-        if axis is None:
-            size = math.prod(a.shape)
-            grads.append(xp.reshape(g[start:start + size], a.shape))
-        else:
-            size = a.shape[axis]
-            index = (slice(None),) * (axis % g.ndim) + (slice(start, start + size),)
-            grads.append(g[index])
-        start += size
-    return tuple(grads)
-
-
-def _tile_grad(xp, g, out, x, repetitions):
-    n = max(len(repetitions), x.ndim)
-    shape = (1,) * (n - x.ndim) + x.shape
-    reps = (1,) * (n - len(repetitions)) + tuple(repetitions)
-    split = tuple(d for pair in zip(reps, shape) for d in pair)
-    summed = xp.sum(xp.reshape(g, split), axis=tuple(range(0, 2 * n, 2)))
-    return (xp.reshape(summed, x.shape),)
-
-
-def _repeat_grad(xp, g, out, x, repeats, axis):
-    from .gradients import scatter_back
-    flat = axis is None
-    axis_ = 0 if flat else axis
-    size = math.prod(x.shape) if flat else x.shape[axis]
-    if isinstance(repeats, tuple) and len(repeats) == size:
-        counts = repeats
-    else:
-        counts = (repeats if isinstance(repeats, int) else repeats[0],) * size
-    index = xp.asarray([i for i, c in enumerate(counts) for _ in range(c)], dtype=dt.int64, device=g.device)
-    def gather(positions):
-        return xp.take(xp.reshape(positions, (-1,)) if flat else positions, index, axis=axis_)
-    return (scatter_back(xp, g, x, gather),)
-
-
-def _astype_grad(xp, g, out, x, dtype, copy):
-    if not dt.in_category(x.dtype, "floating"):
-        return (None,)
-    if g.dtype.kind == dt.COMPLEX and x.dtype.kind != dt.COMPLEX:
-        g = xp.real(g)  # a real input's gradient is the real part (NumPy warns when astype drops the imaginary part)
-    return (xp.astype(g, x.dtype),)
-
-
 def _unstack_grad(xp, g, out, x, axis):
     parts = [gi if gi is not None else xp.zeros_like(o) for gi, o in zip(g, out)]
     if not parts:
@@ -408,18 +299,5 @@ def _unstack_grad(xp, g, out, x, axis):
     return (xp.stack(parts, axis=axis),)
 
 
-defgrad("astype", _astype_grad)
-defgrad("broadcast_to", lambda xp, g, out, x, shape: (unbroadcast(xp, g, x.shape),))
-defgrad("concat", _split_grad)
-defgrad("stack", lambda xp, g, out, *arrays, axis: tuple(xp.unstack(g, axis=axis)))
-defgrad("expand_dims", lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),))
-defgrad("squeeze", lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),))
-defgrad("reshape", lambda xp, g, out, x, shape, copy: (xp.reshape(g, x.shape),))
-defgrad("flip", lambda xp, g, out, x, axis: (xp.flip(g, axis=axis),))
-defgrad("roll", lambda xp, g, out, x, shift, axis: (
-    xp.roll(g, tuple(-s for s in shift) if isinstance(shift, tuple) else -shift, axis=axis),))
-defgrad("moveaxis", lambda xp, g, out, x, source, destination: (xp.moveaxis(g, destination, source),))
-defgrad("permute_dims", lambda xp, g, out, x, axes: (xp.permute_dims(g, _inverse(axes)),))
-defgrad("tile", _tile_grad)
-defgrad("repeat", _repeat_grad)
-defgrad("unstack", _unstack_grad)
+define(Op("unstack", ("x",), {"axis": 0}, _unstack_meta, lambda x, axis: {"axis": normalize_axis(axis, max(x.ndim, 1))},
+          family="manipulation", multiple=True, grad=_unstack_grad, doc="Split x along axis into a tuple of arrays."))

@@ -7,29 +7,44 @@ from __future__ import annotations
 import math
 
 from .. import dtypes as dt
-from ..errors import ArgumentError, DTypeError, ShapeError
-from . import samples
-from .gradients import NotDifferentiable, defgrad, no_gradient, scatter_back, unbroadcast
-from .table import REQUIRED, Meta, Op, as_int, as_shape, define, fmt_shape, normalize_axis, require, require_ndim
+from ..errors import ArgumentError, ShapeError
+from .gradients import NotDifferentiable, scatter_back, unbroadcast
+from .table import NO_GRADIENT, REQUIRED, Meta, Op, as_int, as_shape, define, fmt_shape, normalize_axis, require, require_ndim
 
 FLOAT = "real floating"
 
 
-def _activation(name, doc, low=None, high=None, attrs=None, extra=None):
+def _activation(name, doc, attrs=None, *, grad):
     def meta(x, **_):
         require(x.dtype, FLOAT)
         return Meta(x.shape, x.dtype)
 
-    define(Op(name, ("x",), attrs or {}, meta, family="nn", lift=FLOAT, doc=doc,
-              examples=lambda g: ((g.array(g.shape(), g.dtype(FLOAT), low=low, high=high),), extra(g) if extra else {}),
-              bad_examples=samples.wrong_kind(FLOAT, 1)))
+    define(Op(name, ("x",), attrs or {}, meta, family="nn", lift=FLOAT, grad=grad, doc=doc))
 
 
-_activation("relu", "max(x, 0).")
-_activation("sigmoid", "1 / (1 + exp(-x)), computed stably.")
-_activation("silu", "x · sigmoid(x).")
+def _sigmoid(xp, x):
+    return 1 / (1 + xp.exp(-x))
+
+
+_SQRT_2PI = math.sqrt(2 * math.pi)
+
+
+def _gelu_grad(xp, g, out, x, approximate):
+    if approximate == "tanh":
+        c = math.sqrt(2 / math.pi)
+        inner = c * (x + 0.044715 * (x * x * x))
+        t = xp.tanh(inner)
+        return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)),)
+    cdf = xp.where(x != 0, out / xp.where(x != 0, x, 1.0), 0.5)  # Φ(x) = gelu(x) / x
+    return (g * (cdf + x * xp.exp(-0.5 * x * x) / _SQRT_2PI),)
+
+
+_activation("relu", "max(x, 0).", grad=lambda xp, g, out, x: (xp.where(x > 0, g, 0.0),))
+_activation("sigmoid", "1 / (1 + exp(-x)), computed stably.", grad=lambda xp, g, out, x: (g * out * (1 - out),))
+_activation("silu", "x · sigmoid(x).",
+            grad=lambda xp, g, out, x: (g * (_sigmoid(xp, x) * (1 + x * (1 - _sigmoid(xp, x)))),))
 _activation("gelu", "x · Φ(x), or its tanh approximation with approximate='tanh'.", attrs={"approximate": "none"},
-            extra=lambda g: {"approximate": g.choice(["none", "tanh"])})
+            grad=_gelu_grad)
 
 
 def _axis_meta(x, axis):
@@ -39,16 +54,18 @@ def _axis_meta(x, axis):
     return Meta(x.shape, x.dtype)
 
 
-def _axis_examples(g):
-    shape = g.shape(min_dims=1, min_side=1)
-    return (g.array(shape, g.dtype(FLOAT)),), {"axis": g.integer(-len(shape), len(shape) - 1)}
+def _softmax_grad(xp, g, out, x, axis):
+    return (out * (g - xp.sum(g * out, axis=axis, keepdims=True)),)
 
 
-for _name, _doc in (("softmax", "exp(x) / sum(exp(x)) along axis, computed stably."),
-                    ("log_softmax", "x - logsumexp(x) along axis, computed stably.")):
+def _log_softmax_grad(xp, g, out, x, axis):
+    return (g - xp.exp(out) * xp.sum(g, axis=axis, keepdims=True),)
+
+
+for _name, _grad, _doc in (("softmax", _softmax_grad, "exp(x) / sum(exp(x)) along axis, computed stably."),
+                           ("log_softmax", _log_softmax_grad, "x - logsumexp(x) along axis, computed stably.")):
     define(Op(_name, ("x",), {"axis": -1}, _axis_meta, lambda x, axis: {"axis": normalize_axis(axis, max(x.ndim, 1))},
-              family="nn", positional=("axis",), lift=FLOAT, examples=_axis_examples,
-              bad_examples=samples.bad_axis(FLOAT), doc=_doc))
+              family="nn", positional=("axis",), lift=FLOAT, grad=_grad, doc=_doc))
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -67,17 +84,15 @@ def _cross_entropy_meta(logits, target, reduction):
     return Meta(_reduced(target.shape, reduction), logits.dtype)
 
 
-def _cross_entropy_examples(g):
-    n, c = g.integer(1, 5), g.integer(1, 4)
-    return (g.array((n, c), g.dtype(FLOAT), low=-3, high=3), g.array((n,), dt.int64, low=0, high=c - 1)), \
-        {"reduction": g.choice(_REDUCTIONS)}
+def _cross_entropy_grad(xp, g, out, logits, target, reduction):
+    p = xp.nn.softmax(logits, axis=-1)
+    onehot = xp.astype(target[:, None] == xp.arange(logits.shape[1], device=logits.device)[None, :], logits.dtype)
+    scale = g[:, None] if reduction == "none" else g / (logits.shape[0] if reduction == "mean" else 1)
+    return ((p - onehot) * scale, None)
 
 
 define(Op("cross_entropy", ("logits", "target"), {"reduction": "mean"}, _cross_entropy_meta, family="nn",
-          examples=_cross_entropy_examples,
-          bad_examples=lambda g: ((g.array((3, 2), dt.float64), g.array((4,), dt.int64, low=0, high=1)),
-                                  {"reduction": "mean"}, ShapeError),
-          doc="Cross-entropy of (N, C) logits against (N,) class indices."))
+          grad=_cross_entropy_grad, doc="Cross-entropy of (N, C) logits against (N,) class indices."))
 
 
 def _mse_meta(x, y, reduction):
@@ -88,14 +103,13 @@ def _mse_meta(x, y, reduction):
     return Meta(_reduced(x.shape, reduction), x.dtype)
 
 
-def _mse_examples(g):
-    shape, dtype = g.shape(min_side=1), g.dtype(FLOAT)
-    return (g.array(shape, dtype), g.array(shape, dtype)), {"reduction": g.choice(_REDUCTIONS)}
+def _mse_grad(xp, g, out, x, y, reduction):
+    scale = g if reduction == "none" else g / (math.prod(x.shape) if reduction == "mean" else 1)
+    d = 2 * (x - y) * scale
+    return (d, -d)
 
 
-define(Op("mse_loss", ("x", "y"), {"reduction": "mean"}, _mse_meta, family="nn", promote_inputs=True,
-          examples=_mse_examples,
-          bad_examples=lambda g: ((g.array((3,), dt.float64), g.array((4,), dt.float64)), {"reduction": "mean"}, ShapeError),
+define(Op("mse_loss", ("x", "y"), {"reduction": "mean"}, _mse_meta, family="nn", promote_inputs=True, grad=_mse_grad,
           doc="Mean (or sum, or elementwise) squared error."))
 
 
@@ -109,15 +123,14 @@ def _linear_meta(x, weight, *bias):
     return Meta(x.shape[:-1] + weight.shape[:1], x.dtype)
 
 
-def _linear_examples(g):
-    dtype = g.dtype(FLOAT)
-    n_in, n_out = g.integer(1, 4), g.integer(1, 4)
-    arrays = (g.array(g.shape(max_dims=2) + (n_in,), dtype), g.array((n_out, n_in), dtype))
-    return (arrays + ((g.array((n_out,), dtype),) if g.flag() else ())), {}
+def _linear_grad(xp, g, out, x, weight, *bias):
+    gx = g @ weight
+    gw = xp.tensordot(g, x, axes=(tuple(range(g.ndim - 1)), tuple(range(x.ndim - 1))))
+    gb = (xp.sum(g, axis=tuple(range(g.ndim - 1))),) if bias else ()
+    return (gx, gw) + gb
 
 
-define(Op("linear", ("x", "weight", "*bias"), {}, _linear_meta, family="nn", promote_inputs=True, examples=_linear_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((4, 2), dt.float64)), {}, ShapeError),
+define(Op("linear", ("x", "weight", "*bias"), {}, _linear_meta, family="nn", promote_inputs=True, grad=_linear_grad,
           flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * ins[0].shape[-1],
           doc="x @ weight.T + bias (weight is (out, in), as in PyTorch)."))
 
@@ -136,18 +149,22 @@ def _layer_norm_meta(x, *affine, normalized_shape, eps):
     return Meta(x.shape, x.dtype)
 
 
-def _layer_norm_examples(g):
-    dtype = g.dtype(FLOAT)
-    shape = g.shape(min_dims=1, min_side=2)
-    k = g.integer(1, len(shape))
-    normalized = shape[len(shape) - k:]
-    affine = (g.array(normalized, dtype), g.array(normalized, dtype)) if g.flag() else ()
-    return (g.array(shape, dtype), *affine), {"normalized_shape": normalized, "eps": 1e-5}
+def _layer_norm_grad(xp, g, out, x, *affine, normalized_shape, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mean = xp.mean(x, axis=axes, keepdims=True)
+    centred = x - mean
+    inv = 1 / xp.sqrt(xp.mean(centred * centred, axis=axes, keepdims=True) + eps)
+    xhat = centred * inv
+    gy = g * affine[0] if affine else g
+    gx = inv * (gy - xp.mean(gy, axis=axes, keepdims=True) - xhat * xp.mean(gy * xhat, axis=axes, keepdims=True))
+    if not affine:
+        return (gx,)
+    lead = tuple(range(x.ndim - len(normalized_shape)))
+    return (gx, xp.sum(g * xhat, axis=lead), xp.sum(g, axis=lead))
 
 
 define(Op("layer_norm", ("x", "*affine"), {"normalized_shape": REQUIRED, "eps": 1e-5}, _layer_norm_meta, _layer_norm_canon,
-          family="nn", promote_inputs=True, examples=_layer_norm_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float64),), {"normalized_shape": (4,), "eps": 1e-5}, ShapeError),
+          family="nn", promote_inputs=True, grad=_layer_norm_grad,
           doc="Normalise the trailing normalized_shape axes to zero mean and unit variance, then scale and shift."))
 
 
@@ -159,9 +176,7 @@ def _dropout_mask_canon(shape, p, seed):
 
 
 define(Op("dropout_mask", (), {"shape": REQUIRED, "p": 0.5, "seed": REQUIRED}, lambda shape, p, seed: Meta(shape, dt.bool_),
-          _dropout_mask_canon, family="nn",
-          examples=lambda g: ((), {"shape": g.shape(), "p": g.choice([0.0, 0.25, 0.5, 0.9]), "seed": g.integer(0, 2**40)}),
-          bad_examples=lambda g: ((), {"shape": (3,), "p": 1.5, "seed": 0}, ArgumentError),
+          _dropout_mask_canon, family="nn", grad=NO_GRADIENT,
           doc="A boolean keep-mask with P(keep) = 1 - p, a pure function of (shape, p, seed): the same "
               "on every backend and device (a counter-based hash, not a global random state)."))
 
@@ -174,17 +189,22 @@ def _embedding_meta(indices, weight):
     return Meta(indices.shape + weight.shape[1:], weight.dtype)
 
 
-def _embedding_examples(g):
-    rows, dim = g.integer(1, 5), g.integer(1, 4)
-    return (g.array(g.shape(max_dims=2), dt.int64, low=0, high=rows - 1), g.array((rows, dim), g.dtype(FLOAT))), {}
+def _embedding_grad(xp, g, out, indices, weight):
+    flat = xp.reshape(indices, (-1,))
+    return (None, scatter_back(xp, g, weight, lambda positions: xp.reshape(xp.take(positions, flat, axis=0), out.shape)))
 
 
-define(Op("embedding", ("indices", "weight"), {}, _embedding_meta, family="nn", examples=_embedding_examples,
-          bad_examples=lambda g: ((g.array((2,), dt.float64), g.array((3, 2), dt.float64)), {}, DTypeError),
+define(Op("embedding", ("indices", "weight"), {}, _embedding_meta, family="nn", grad=_embedding_grad,
           doc="Rows of weight picked by integer indices."))
 
 
 # --- convolution and pooling (NCHW) ------------------------------------------------------------------------
+# conv2d_input_grad, conv2d_weight_grad and max_pool2d_grad are the cotangent rows of conv2d and max_pool2d
+
+def _second_order(name):
+    return NotDifferentiable(f"{name}: second-order gradients are not supported")
+
+
 
 def _pair(value, what):
     if isinstance(value, int) and not isinstance(value, bool):
@@ -226,40 +246,18 @@ def _conv_meta(x, weight, *bias, stride, padding, dilation, groups):
     return Meta((n, o, oh, ow), x.dtype)
 
 
-def _conv_examples(g):
-    dtype = g.dtype(FLOAT)
-    groups = g.choice([1, 1, 2])
-    c, o = groups * g.integer(1, 2), groups * g.integer(1, 2)
-    kh, kw = g.integer(1, 3), g.integer(1, 3)
-    stride, padding, dilation = g.integer(1, 2), g.integer(0, 1), g.integer(1, 2)
-    h = g.integer(dilation * (kh - 1) + 1, 6)
-    w = g.integer(dilation * (kw - 1) + 1, 6)
-    arrays = (g.array((g.integer(1, 2), c, h, w), dtype), g.array((o, c // groups, kh, kw), dtype))
-    if g.flag():
-        arrays += (g.array((o,), dtype),)
-    return arrays, {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+def _conv_grad(xp, g, out, x, weight, *bias, stride, padding, dilation, groups):
+    attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    gx = xp.nn.conv2d_input_grad(g, weight, shape=x.shape, **attrs)
+    gw = xp.nn.conv2d_weight_grad(x, g, shape=weight.shape, **attrs)
+    gb = (xp.sum(g, axis=(0, 2, 3)),) if bias else ()
+    return (gx, gw) + gb
 
 
 _CONV_ATTRS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 define(Op("conv2d", ("x", "weight", "*bias"), dict(_CONV_ATTRS), _conv_meta, _conv_canon, family="nn", promote_inputs=True,
-          examples=_conv_examples,
-          bad_examples=lambda g: ((g.array((1, 3, 4, 4), dt.float64), g.array((2, 2, 3, 3), dt.float64)), {}, ShapeError),
-          flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * math.prod(ins[1].shape[1:]),
+          grad=_conv_grad, flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * math.prod(ins[1].shape[1:]),
           doc="2-d convolution (cross-correlation) of NCHW input with OIHW weight."))
-
-
-def _conv_grad_example(role):
-    """An example for a conv2d cotangent row: a conv2d example, and g shaped like its output."""
-    def recipe(g):
-        arrays, attrs = _conv_examples(g)
-        x, weight = arrays[:2]
-        pairs = _conv_canon(None, None, **attrs)
-        out = _conv_meta(Meta(x.shape, dt.float64), Meta(weight.shape, dt.float64), **pairs)
-        cotangent = g.array(out.shape, g.dtype_of(x))
-        if role == "input":
-            return (cotangent, weight), {"shape": x.shape, **attrs}
-        return (x, cotangent), {"shape": weight.shape, **attrs}
-    return recipe
 
 
 def _conv_input_grad_meta(g, weight, shape, stride, padding, dilation, groups):
@@ -277,10 +275,10 @@ def _conv_grad_canon(a, b, shape, stride, padding, dilation, groups):
 
 
 define(Op("conv2d_input_grad", ("g", "weight"), {"shape": REQUIRED, **_CONV_ATTRS}, _conv_input_grad_meta, _conv_grad_canon,
-          family="nn", promote_inputs=True, examples=_conv_grad_example("input"),
+          family="nn", promote_inputs=True, grad=_second_order("conv2d_input_grad"),
           doc="The cotangent of conv2d's input for output cotangent g (a transposed convolution)."))
 define(Op("conv2d_weight_grad", ("x", "g"), {"shape": REQUIRED, **_CONV_ATTRS}, _conv_weight_grad_meta, _conv_grad_canon,
-          family="nn", promote_inputs=True, examples=_conv_grad_example("weight"),
+          family="nn", promote_inputs=True, grad=_second_order("conv2d_weight_grad"),
           doc="The cotangent of conv2d's weight for input x and output cotangent g."))
 
 
@@ -303,31 +301,24 @@ def _pool_meta(x, kernel_size, stride, padding):
     return Meta(x.shape[:2] + (oh, ow), x.dtype)
 
 
-def _pool_examples(g):
-    kh, kw = g.integer(1, 3), g.integer(1, 3)
-    shape = (g.integer(1, 2), g.integer(1, 2), g.integer(kh, 6), g.integer(kw, 6))
-    return (g.array(shape, g.dtype(FLOAT)),), {"kernel_size": (kh, kw), "stride": g.choice([None, 1, 2]),
-                                              "padding": g.integer(0, min(kh, kw) // 2)}
+def _max_pool_grad(xp, g, out, x, kernel_size, stride, padding):
+    return (xp.nn.max_pool2d_grad(x, g, kernel_size=kernel_size, stride=stride, padding=padding),)
 
 
-for _name, _doc in (("max_pool2d", "Maximum over 2-d windows of NCHW input."),
-                    ("avg_pool2d", "Mean over 2-d windows of NCHW input (padding counts as zeros).")):
+def _avg_pool_grad(xp, g, out, x, kernel_size, stride, padding):
+    c = x.shape[1]
+    weight = xp.full((c, 1) + kernel_size, 1.0 / (kernel_size[0] * kernel_size[1]), dtype=x.dtype, device=x.device)
+    return (xp.nn.conv2d_input_grad(g, weight, shape=x.shape, stride=stride, padding=padding, dilation=(1, 1), groups=c),)
+
+
+for _name, _grad, _doc in (("max_pool2d", _max_pool_grad, "Maximum over 2-d windows of NCHW input."),
+                           ("avg_pool2d", _avg_pool_grad, "Mean over 2-d windows of NCHW input (padding counts as zeros).")):
     define(Op(_name, ("x",), {"kernel_size": REQUIRED, "stride": None, "padding": 0}, _pool_meta, _pool_canon, family="nn",
-              positional=("kernel_size", "stride", "padding"), examples=_pool_examples,
-              bad_examples=lambda g: ((g.array((1, 1, 2, 2), dt.float64),), {"kernel_size": 3, "stride": None, "padding": 0},
-                                      ShapeError),
-              doc=_doc))
-
-def _max_pool_grad_examples(g):
-    (x,), attrs = _pool_examples(g)
-    pairs = _pool_canon(None, **attrs)
-    out = _pool_meta(Meta(x.shape, dt.float64), **pairs)
-    return (x, g.array(out.shape, g.dtype_of(x))), attrs
-
+              positional=("kernel_size", "stride", "padding"), grad=_grad, doc=_doc))
 
 define(Op("max_pool2d_grad", ("x", "g"), {"kernel_size": REQUIRED, "stride": None, "padding": 0},
           lambda x, g, **_: Meta(x.shape, x.dtype), lambda x, g, **attrs: _pool_canon(x, **attrs), family="nn",
-          promote_inputs=True, examples=_max_pool_grad_examples,
+          promote_inputs=True, grad=_second_order("max_pool2d_grad"),
           doc="The cotangent of max_pool2d's input: g routed to each window's maximum (ties: the first)."))
 
 
@@ -341,105 +332,6 @@ def _attention_meta(q, k, v, *mask, is_causal, scale):
     if mask and mask[0].shape[-2:] != (q.shape[-2], k.shape[-2]):
         raise ShapeError(f"mask must end with ({q.shape[-2]}, {k.shape[-2]}), got {fmt_shape(mask[0].shape)}")
     return Meta(q.shape[:-1] + v.shape[-1:], q.dtype)
-
-
-def _attention_examples(g):
-    dtype = g.dtype(FLOAT)
-    batch = g.shape(max_dims=2, min_side=1)
-    length, source, e, ev = g.integer(1, 4), g.integer(1, 4), g.integer(1, 3), g.integer(1, 3)
-    causal = g.flag()
-    if causal:
-        source = length
-    arrays = (g.array(batch + (length, e), dtype), g.array(batch + (source, e), dtype), g.array(batch + (source, ev), dtype))
-    if not causal and g.flag():
-        arrays += (g.array((length, source), dtype, low=-2, high=0),)
-    return arrays, {"is_causal": causal, "scale": g.choice([None, 0.5])}
-
-
-define(Op("scaled_dot_product_attention", ("q", "k", "v", "*mask"), {"is_causal": False, "scale": None}, _attention_meta,
-          family="nn", promote_inputs=True, examples=_attention_examples,
-          bad_examples=lambda g: ((g.array((2, 3), dt.float64), g.array((2, 4), dt.float64), g.array((2, 4), dt.float64)),
-                                  {}, ShapeError),
-          doc="softmax(q @ k.T · scale + mask) @ v, with an optional additive float mask or a causal mask."))
-
-
-# --- gradient rules ------------------------------------------------------------------------------------------
-
-def _sigmoid(xp, x):
-    return 1 / (1 + xp.exp(-x))
-
-
-_SQRT_2PI = math.sqrt(2 * math.pi)
-
-
-def _gelu_grad(xp, g, out, x, approximate):
-    if approximate == "tanh":
-        c = math.sqrt(2 / math.pi)
-        inner = c * (x + 0.044715 * (x * x * x))
-        t = xp.tanh(inner)
-        return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)),)
-    cdf = xp.where(x != 0, out / xp.where(x != 0, x, 1.0), 0.5)  # Φ(x) = gelu(x) / x
-    return (g * (cdf + x * xp.exp(-0.5 * x * x) / _SQRT_2PI),)
-
-
-def _softmax_grad(xp, g, out, x, axis):
-    return (out * (g - xp.sum(g * out, axis=axis, keepdims=True)),)
-
-
-def _log_softmax_grad(xp, g, out, x, axis):
-    return (g - xp.exp(out) * xp.sum(g, axis=axis, keepdims=True),)
-
-
-def _cross_entropy_grad(xp, g, out, logits, target, reduction):
-    p = xp.nn.softmax(logits, axis=-1)
-    onehot = xp.astype(target[:, None] == xp.arange(logits.shape[1], device=logits.device)[None, :], logits.dtype)
-    scale = g[:, None] if reduction == "none" else g / (logits.shape[0] if reduction == "mean" else 1)
-    return ((p - onehot) * scale, None)
-
-
-def _mse_grad(xp, g, out, x, y, reduction):
-    scale = g if reduction == "none" else g / (math.prod(x.shape) if reduction == "mean" else 1)
-    d = 2 * (x - y) * scale
-    return (d, -d)
-
-
-def _linear_grad(xp, g, out, x, weight, *bias):
-    gx = g @ weight
-    gw = xp.tensordot(g, x, axes=(tuple(range(g.ndim - 1)), tuple(range(x.ndim - 1))))
-    gb = (xp.sum(g, axis=tuple(range(g.ndim - 1))),) if bias else ()
-    return (gx, gw) + gb
-
-
-def _layer_norm_grad(xp, g, out, x, *affine, normalized_shape, eps):
-    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    mean = xp.mean(x, axis=axes, keepdims=True)
-    centred = x - mean
-    inv = 1 / xp.sqrt(xp.mean(centred * centred, axis=axes, keepdims=True) + eps)
-    xhat = centred * inv
-    gy = g * affine[0] if affine else g
-    gx = inv * (gy - xp.mean(gy, axis=axes, keepdims=True) - xhat * xp.mean(gy * xhat, axis=axes, keepdims=True))
-    if not affine:
-        return (gx,)
-    lead = tuple(range(x.ndim - len(normalized_shape)))
-    return (gx, xp.sum(g * xhat, axis=lead), xp.sum(g, axis=lead))
-
-
-def _conv_grad(xp, g, out, x, weight, *bias, stride, padding, dilation, groups):
-    attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
-    gx = xp.nn.conv2d_input_grad(g, weight, shape=x.shape, **attrs)
-    gw = xp.nn.conv2d_weight_grad(x, g, shape=weight.shape, **attrs)
-    gb = (xp.sum(g, axis=(0, 2, 3)),) if bias else ()
-    return (gx, gw) + gb
-
-
-def _avg_pool_grad(xp, g, out, x, kernel_size, stride, padding):
-    c = x.shape[1]
-    weight = xp.full((c, 1) + kernel_size, 1.0 / (kernel_size[0] * kernel_size[1]), dtype=x.dtype, device=x.device)
-    return (xp.nn.conv2d_input_grad(g, weight, shape=x.shape, stride=stride, padding=padding, dilation=(1, 1), groups=c),)
-
-
-def _max_pool_grad(xp, g, out, x, kernel_size, stride, padding):
-    return (xp.nn.max_pool2d_grad(x, g, kernel_size=kernel_size, stride=stride, padding=padding),)
 
 
 def _attention_grad(xp, g, out, q, k, v, *mask, is_causal, scale):
@@ -458,26 +350,6 @@ def _attention_grad(xp, g, out, q, k, v, *mask, is_causal, scale):
     return (gs @ k * s, xp.matrix_transpose(gs) @ q * s, gv) + gmask
 
 
-defgrad("relu", lambda xp, g, out, x: (xp.where(x > 0, g, 0.0),))
-defgrad("sigmoid", lambda xp, g, out, x: (g * out * (1 - out),))
-defgrad("silu", lambda xp, g, out, x: (g * (_sigmoid(xp, x) * (1 + x * (1 - _sigmoid(xp, x)))),))
-defgrad("gelu", _gelu_grad)
-defgrad("softmax", _softmax_grad)
-defgrad("log_softmax", _log_softmax_grad)
-defgrad("cross_entropy", _cross_entropy_grad)
-defgrad("mse_loss", _mse_grad)
-defgrad("linear", _linear_grad)
-defgrad("layer_norm", _layer_norm_grad)
-def _embedding_grad(xp, g, out, indices, weight):
-    flat = xp.reshape(indices, (-1,))
-    return (None, scatter_back(xp, g, weight, lambda positions: xp.reshape(xp.take(positions, flat, axis=0), out.shape)))
-
-
-defgrad("embedding", _embedding_grad)
-defgrad("conv2d", _conv_grad)
-defgrad("avg_pool2d", _avg_pool_grad)
-defgrad("max_pool2d", _max_pool_grad)
-defgrad("scaled_dot_product_attention", _attention_grad)
-no_gradient("dropout_mask")
-for _name in ("conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_grad"):
-    defgrad(_name, NotDifferentiable(f"{_name}: second-order gradients are not supported"))
+define(Op("scaled_dot_product_attention", ("q", "k", "v", "*mask"), {"is_causal": False, "scale": None}, _attention_meta,
+          family="nn", promote_inputs=True, grad=_attention_grad,
+          doc="softmax(q @ k.T · scale + mask) @ v, with an optional additive float mask or a causal mask."))

@@ -3,12 +3,13 @@
 A row holds everything ember knows about an operation that is not a backend kernel: its name,
 array inputs, attributes with defaults, a *meta rule* (output shapes and dtypes from input
 shapes and dtypes, never data), an optional *canon rule* (attributes made explicit: defaults
-resolved, axes normalised, so every backend and the wire see the same explicit op), example
-inputs for the generated tests, and later its gradient rule. Engines, the wire and capture
-read rows generically; nothing else computes shapes or dtypes.
+resolved, axes normalised, so every backend and the wire see the same explicit op), and its
+gradient rule. Engines, the wire and capture read rows generically; nothing else computes shapes
+or dtypes. The example inputs the generated tests draw for each row live with the tests
+(tests/recipes/), not here.
 
-An op instance is plain data: ``(op name, input ids, output metas, attributes)`` where
-attributes are None, bool, int, float, complex, str, DType or tuples of those.
+An op instance is plain data, an ``OpRecord`` (records.py): ``(op name, inputs, output ids,
+attributes)`` where attributes are None, bool, int, float, complex, str, DType or tuples of those.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ class Op:
     ``inputs`` names the array inputs; a name starting with ``*`` takes any number of arrays.
     ``attrs`` maps attribute names to defaults. ``meta(*metas, **attrs)`` returns a Meta or a
     tuple of Metas (``multiple=True``). ``canon(*metas, **attrs)`` returns a dict of attribute
-    values to replace (explicit defaults). ``examples(g)`` and ``bad_examples(g)`` feed the
-    generated tests (see tests/generators.py for ``g``). ``lift`` names a dtype category whose
+    values to replace (explicit defaults). ``grad`` is the gradient rule (see gradients.py), or
+    NO_GRADIENT, or a NotDifferentiable saying why not. ``lift`` names a dtype category whose
     default dtype the namespace casts lower-kind inputs to (``sqrt(int)`` is float64).
     """
 
@@ -72,8 +73,6 @@ class Op:
     positional: tuple[str, ...] = ()  # attrs also taken positionally; those before a "/" only so
     lift: str | None = None  # the namespace casts bool/integer inputs to the default float dtype
     promote_inputs: bool = False  # the namespace casts all array inputs to their common dtype
-    examples: Callable | None = None
-    bad_examples: Callable | None = None
     determined: tuple | None = None  # outputs fixed by the inputs (None: all); not e.g. eigenvector signs
     flops: Callable | None = None  # (input metas, output metas, attrs) -> a rough count, for graph summaries
     symmetric_input: bool = False  # reads only a triangle of a symmetric matrix (its gradient is symmetrised)

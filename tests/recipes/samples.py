@@ -1,16 +1,8 @@
-"""Example-input recipes that op rows share, for the tests generated from the op table.
-
-A recipe is a function of ``g``, a drawing source the tests provide (tests/generators.py,
-backed by hypothesis): ``g.shape(...)``, ``g.dtype(category)``, ``g.array(shape, dtype, low=,
-high=, nonzero=)``, ``g.broadcastable(shape)``, ``g.integer(lo, hi)``, ``g.choice(seq)``,
-``g.flag()``, ``g.permutation(seq)``,
-``g.dtype_of(host_array)``. A good recipe returns ``(arrays, attrs)``; a bad one returns
-``(arrays, attrs, expected_exception_type)``. Recipes never touch a backend.
-"""
+"""Recipes that many rows share: elementwise families, reductions, wrong dtypes, bad axes (see __init__.py)."""
 
 from __future__ import annotations
 
-from ..errors import AxisError, DTypeError, ShapeError
+from ember.errors import AxisError, DTypeError, ShapeError
 
 # dtype categories whose complement is easy to draw from, for "wrong dtype kind" recipes
 _OUTSIDE = {

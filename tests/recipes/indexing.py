@@ -1,0 +1,64 @@
+"""Recipes for the indexing rows (ember/ops/indexing.py)."""
+
+from __future__ import annotations
+
+from ember import dtypes as dt
+from ember.errors import IndexingError, ShapeError
+from ember.ops.indexing import ELLIPSIS
+
+
+def _getitem_examples(g):
+    shape = g.shape(min_dims=1, min_side=1)
+    k = g.integer(1, len(shape))
+    leading_ellipsis = g.flag()  # "..., items" index the last k axes; "items, ..." the first k
+    key = []
+    for size in (shape[-k:] if leading_ellipsis else shape[:k]):
+        a_slice = ("s", g.choice([None, 0, 1]), g.choice([None, size, -1]), g.choice([None, 1, 2, -1]))
+        key.append(g.choice([g.integer(-size, size - 1), a_slice]))
+    for _ in range(g.integer(0, 2)):
+        key.insert(g.integer(0, len(key)), None)
+    if leading_ellipsis:
+        key.insert(0, ELLIPSIS)
+    elif g.flag():
+        key.append(ELLIPSIS)
+    return (g.array(shape, g.dtype("any")),), {"key": tuple(key)}
+
+
+def _take_examples(g):
+    shape = g.shape(min_dims=1, min_side=1)
+    axis = g.integer(-len(shape), len(shape) - 1)
+    n = shape[axis]
+    return (g.array(shape, g.dtype("any")), g.array((g.integer(0, 4),), dt.int64, low=-n, high=n - 1)), {"axis": axis}
+
+
+def _take_along_examples(g):
+    shape = g.shape(min_dims=1, min_side=1)
+    axis = g.integer(-len(shape), len(shape) - 1)
+    n = shape[axis]
+    ishape = tuple(g.integer(0, 3) if i == axis % len(shape) else s for i, s in enumerate(shape))
+    return (g.array(shape, g.dtype("any")), g.array(ishape, dt.int64, low=-n, high=n - 1)), {"axis": axis}
+
+
+def _scatter_add_examples(g):
+    n, k = g.integer(1, 6), g.integer(0, 8)
+    dtype = g.dtype("numeric")
+    return (g.array((n,), dtype), g.array((k,), dt.int64, low=0, high=n - 1), g.array((k,), dtype)), {}
+
+
+EXAMPLES = {
+    "getitem": _getitem_examples,
+    # no "setitem": drawn by the indexing tests, which compare against NumPy's x[key] = value
+    "take": _take_examples,
+    "take_along_axis": _take_along_examples,
+    "scatter_add": _scatter_add_examples,
+}
+
+BAD_EXAMPLES = {
+    "getitem": lambda g: ((g.array((2, 3), g.dtype("any")),), {"key": (5,)}, IndexingError),
+    "setitem": lambda g: ((g.array((2, 3), dt.float64), g.array((4,), dt.float64)), {"key": (0,)}, ShapeError),
+    "take": lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": 2}, IndexError),
+    "take_along_axis": lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": -1},
+                                  ShapeError),
+    "scatter_add": lambda g: ((g.array((3,), dt.float64), g.array((2,), dt.int64, low=0, high=2),
+                               g.array((3,), dt.float64)), {}, ShapeError),
+}

@@ -1,0 +1,127 @@
+"""Recipes for the linear algebra rows (ember/ops/linalg.py): well-conditioned, symmetric and
+positive-definite matrices where a row needs them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember import dtypes as dt
+from ember.errors import AxisError, ShapeError
+from ember.ops.linalg import _MATRIX_ORDS
+
+
+def _matmul_examples(g):
+    dtype = g.dtype("numeric")
+    m, k, n = g.integer(1, 4), g.integer(0, 4), g.integer(1, 4)
+    batch = g.shape(max_dims=2)
+    first = g.choice([(k,), (m, k), batch + (m, k)])
+    second = g.choice([(k,), (k, n), g.broadcastable(batch) + (k, n)])
+    return (g.array(first, dtype, low=-5, high=5), g.array(second, dtype, low=-5, high=5)), {}
+
+
+def _misaligned(g):
+    dtype = g.dtype("floating")
+    return (g.array((3, 4), dtype), g.array((5, 2), dtype)), {}, ShapeError
+
+
+def _tensordot_examples(g):
+    dtype = g.dtype("numeric")
+    shared = g.shape(max_dims=2)
+    first = g.array(g.shape(max_dims=2) + shared, dtype, low=-5, high=5)
+    second = g.array(shared + g.shape(max_dims=2), dtype, low=-5, high=5)
+    return (first, second), {"axes": len(shared)}
+
+
+def _vecdot_examples(g):
+    dtype = g.dtype("numeric")
+    shape = g.shape(min_dims=1)
+    other = g.array(g.broadcastable(shape[:-1]) + shape[-1:], dtype, low=-5, high=5)
+    return (g.array(shape, dtype, low=-5, high=5), other), {"axis": -1}
+
+
+def _matrices(category="floating", square=False, low=-3, high=3):
+    def recipe(g):
+        n = g.integer(1, 4)
+        shape = g.shape(max_dims=2) + ((n, n) if square else (n, g.integer(1, 4)))
+        return (g.array(shape, g.dtype(category), low=low, high=high),), {}
+    return recipe
+
+
+def _not_square(g):
+    return (g.array((2, 3), g.dtype("real floating")),), {}, ShapeError
+
+
+def _positive_definite(g):
+    n = g.integer(1, 4)
+    a = g.array(g.shape(max_dims=1) + (n, n), g.dtype("real floating"), low=-2, high=2)
+    return (a @ np.swapaxes(a, -1, -2) + n * np.eye(n, dtype=a.dtype),), {"upper": g.flag()}
+
+
+def _well_conditioned(g):
+    n = g.integer(1, 4)
+    a = g.array(g.shape(max_dims=1) + (n, n), g.dtype("real floating"), low=-1, high=1)
+    return (a + 4 * n * np.eye(n, dtype=a.dtype),), {}
+
+
+def _symmetric(g):
+    (a,), _ = _well_conditioned(g)
+    return (a + np.swapaxes(a, -1, -2),), {}
+
+
+def _solve_examples(g):
+    (a,), _ = _well_conditioned(g)
+    n = a.shape[-1]
+    b = g.array(g.choice([(n,), a.shape[:-1] + (g.integer(1, 3),)]), g.dtype_of(a), low=-3, high=3)
+    return (a, b), {}
+
+
+def _cross_examples(g):
+    dtype = g.dtype("real numeric")
+    batch = g.shape(max_dims=2)
+    other = g.array(g.broadcastable(batch) + (3,), dtype, low=-5, high=5)
+    return (g.array(batch + (3,), dtype, low=-5, high=5), other), {"axis": -1}
+
+
+def _vector_norm_examples(g):
+    shape = g.shape(min_side=1)
+    axes = None if not shape or g.flag() else (g.integer(0, len(shape) - 1),)
+    ord_ = g.choice([2, 1, 0, float("inf"), 3])
+    return (g.array(shape, g.dtype("floating")),), {"axis": axes, "keepdims": g.flag(), "ord": ord_}
+
+
+EXAMPLES = {
+    "matmul": _matmul_examples,
+    "tensordot": _tensordot_examples,
+    "vecdot": _vecdot_examples,
+    "cholesky": _positive_definite,
+    "inv": _well_conditioned,
+    "det": _matrices(square=True),
+    "slogdet": _well_conditioned,
+    "eigh": _symmetric,
+    "eigvalsh": _symmetric,
+    "matrix_power": lambda g: ((_well_conditioned(g)[0][0],), {"n": g.integer(-2, 3)}),
+    "qr": lambda g: (_matrices()(g)[0], {"mode": g.choice(["reduced", "complete"])}),
+    "svd": lambda g: (_matrices()(g)[0], {"full_matrices": g.flag()}),
+    "svdvals": _matrices(),
+    "pinv": lambda g: (_matrices()(g)[0], {"rtol": None}),
+    "solve": _solve_examples,
+    "cross": _cross_examples,
+    "diagonal": lambda g: (_matrices("any")(g)[0], {"offset": g.integer(-3, 3)}),
+    "trace": lambda g: (_matrices("numeric")(g)[0], {"offset": g.integer(-2, 2)}),
+    "matrix_norm": lambda g: (_matrices()(g)[0], {"keepdims": g.flag(), "ord": g.choice(_MATRIX_ORDS)}),
+    "vector_norm": _vector_norm_examples,
+}
+
+BAD_EXAMPLES = {
+    "matmul": _misaligned,
+    "tensordot": lambda g: ((g.array((2, 3), dt.float64), g.array((4, 2), dt.float64)), {"axes": 1}, ShapeError),
+    "vecdot": lambda g: ((g.array((3,), dt.float64), g.array((4,), dt.float64)), {"axis": -1}, ShapeError),
+    **{name: _not_square for name in ("cholesky", "inv", "det", "slogdet", "eigh", "eigvalsh")},
+    "matrix_power": lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
+    "solve": lambda g: ((g.array((3, 3), dt.float64), g.array((4,), dt.float64)), {}, ShapeError),
+    "cross": lambda g: ((g.array((2,), dt.float64), g.array((2,), dt.float64)), {"axis": -1}, ShapeError),
+    "diagonal": lambda g: ((g.array((3,), dt.float64),), {"offset": 0}, ShapeError),
+    "trace": lambda g: ((g.array((3,), dt.float64),), {}, ShapeError),
+    "matrix_norm": lambda g: ((g.array((3,), dt.float64),), {}, ShapeError),
+    "vector_norm": lambda g: ((g.array((2, 3), dt.float64),), {"axis": 3}, AxisError),
+}

@@ -1,0 +1,131 @@
+"""Recipes for the manipulation rows (ember/ops/manipulation.py)."""
+
+from __future__ import annotations
+
+import math
+
+from ember import dtypes as dt
+from ember.errors import ArgumentError, AxisError, ShapeError
+
+from . import samples
+
+
+def _astype_examples(g):
+    return (g.array(g.shape(), g.dtype("real numeric"), low=0, high=100),), {"dtype": g.dtype("real numeric"), "copy": True}
+
+
+def _broadcast_to_examples(g):
+    shape = g.shape()
+    target = tuple(g.choice([s, 1]) for s in shape)[g.integer(0, len(shape)):] if shape else ()
+    return (g.array(target, g.dtype("any")),), {"shape": shape}
+
+
+def _concat_examples(g):
+    shape = g.shape(min_dims=1)
+    axis = g.integer(-len(shape), len(shape) - 1)
+    dtype = g.dtype("any")
+    arrays = []
+    for _ in range(g.integer(1, 3)):
+        s = list(shape)
+        s[axis] = g.integer(0, 3)
+        arrays.append(g.array(tuple(s), dtype))
+    return tuple(arrays), {"axis": axis}
+
+
+def _stack_examples(g):
+    shape, dtype = g.shape(), g.dtype("any")
+    return tuple(g.array(shape, dtype) for _ in range(g.integer(1, 3))), {"axis": g.integer(-len(shape) - 1, len(shape))}
+
+
+def _expand_dims_examples(g):
+    shape = g.shape(max_dims=3)
+    return (g.array(shape, g.dtype("any")),), {"axis": g.integer(-len(shape) - 1, len(shape))}
+
+
+def _axis_recipe(g, category):
+    """One array and an axis that is None, an int or a tuple."""
+    shape = g.shape()
+    ndim = len(shape)
+    several = tuple(sorted({g.integer(0, ndim - 1) for _ in range(2)})) if ndim else ()
+    axis = None if not ndim or g.flag() else g.choice([g.integer(-ndim, ndim - 1), several])
+    return (g.array(shape, g.dtype(category)),), {"axis": axis}
+
+
+def _moveaxis_examples(g):
+    shape = g.shape(min_dims=1)
+    n = len(shape)
+    return (g.array(shape, g.dtype("any")),), {"source": g.integer(-n, n - 1), "destination": g.integer(-n, n - 1)}
+
+
+def _permute_examples(g):
+    shape = g.shape()
+    axes = list(range(len(shape)))
+    return (g.array(shape, g.dtype("any")),), {"axes": tuple(g.permutation(axes))}
+
+
+def _repeat_examples(g):
+    shape = g.shape(min_dims=1)
+    axis = g.integer(0, len(shape) - 1)
+    repeats = g.choice([g.integer(0, 3), tuple(g.integer(0, 3) for _ in range(shape[axis]))])
+    return (g.array(shape, g.dtype("any")),), {"repeats": repeats, "axis": axis}
+
+
+def _reshape_examples(g):
+    shape = g.shape()
+    size = math.prod(shape)
+    target = g.choice([(size,), (-1,), tuple(reversed(shape)), shape + (1,)])
+    return (g.array(shape, g.dtype("any")),), {"shape": target, "copy": None}
+
+
+def _roll_examples(g):
+    (x,), attrs = _axis_recipe(g, "any")
+    axis = attrs["axis"]
+    shift = g.integer(-5, 5) if not isinstance(axis, tuple) else tuple(g.integer(-5, 5) for _ in axis)
+    return (x,), {"shift": shift, "axis": axis}
+
+
+def _squeeze_examples(g):
+    shape = g.shape(min_dims=1)
+    i = g.integer(0, len(shape) - 1)
+    shape = shape[:i] + (1,) + shape[i + 1:]
+    return (g.array(shape, g.dtype("any")),), {"axis": g.choice([i, i - len(shape), (i,)])}
+
+
+def _unstack_examples(g):
+    shape = g.shape(min_dims=1)
+    return (g.array(shape, g.dtype("any")),), {"axis": g.integer(-len(shape), len(shape) - 1)}
+
+
+EXAMPLES = {
+    "astype": _astype_examples,
+    "broadcast_to": _broadcast_to_examples,
+    "concat": _concat_examples,
+    "stack": _stack_examples,
+    "expand_dims": _expand_dims_examples,
+    "flip": lambda g: _axis_recipe(g, "any"),
+    "moveaxis": _moveaxis_examples,
+    "permute_dims": _permute_examples,
+    "repeat": _repeat_examples,
+    "reshape": _reshape_examples,
+    "roll": _roll_examples,
+    "squeeze": _squeeze_examples,
+    "tile": lambda g: ((g.array(g.shape(max_dims=3), g.dtype("any")),),
+                       {"repetitions": tuple(g.integer(0, 3) for _ in range(g.integer(0, 4)))}),
+    "unstack": _unstack_examples,
+}
+
+BAD_EXAMPLES = {
+    "broadcast_to": lambda g: ((g.array((3,), g.dtype("any")),), {"shape": (2,)}, ShapeError),
+    "concat": lambda g: ((g.array((2, 3), dt.float64), g.array((2, 4), dt.float64)), {"axis": 0}, ShapeError),
+    "stack": lambda g: ((g.array((2,), dt.int32), g.array((3,), dt.int32)), {"axis": 0}, ShapeError),
+    "expand_dims": lambda g: ((g.array((2,), dt.int64),), {"axis": 3}, AxisError),
+    "flip": samples.bad_axis("any"),
+    "moveaxis": lambda g: ((g.array((2, 3), dt.int64),), {"source": 2, "destination": 0}, AxisError),
+    "permute_dims": lambda g: ((g.array((2, 3), dt.int64),), {"axes": (0, 0)}, AxisError),
+    "repeat": lambda g: ((g.array((2, 3), dt.int64),), {"repeats": -1, "axis": 0}, ArgumentError),
+    "reshape": lambda g: ((g.array((2, 3), dt.int64),), {"shape": (4,), "copy": None}, ShapeError),
+    "roll": lambda g: ((g.array((2, 3), dt.int64),), {"shift": 1, "axis": 2}, AxisError),
+    "squeeze": lambda g: ((g.array((2, 3), dt.int64),), {"axis": 0}, ShapeError),
+    "tile": lambda g: ((g.array((2,), dt.int64),), {"repetitions": (-1,)}, ArgumentError),
+    "unstack": samples.bad_axis("any"),
+}

@@ -1,0 +1,91 @@
+"""Recipes for the reduction, scan, searching, sorting and set rows (ember/ops/reductions.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.ops import OPS
+
+from . import samples
+
+EXAMPLES = {}
+BAD_EXAMPLES = {}
+
+
+def reduction(name, accepted, nonempty=False):
+    """Recipes for a reduction accepting the dtype category ``accepted`` (its lift, else its category);
+    ``nonempty`` for a reduction without an identity (max, min)."""
+    EXAMPLES[name] = samples.reduction(accepted, extra=_extra_examples(OPS[name].attrs), min_side=int(nonempty))
+    BAD_EXAMPLES[name] = samples.bad_axis(accepted)
+
+
+def _extra_examples(extra_attrs):
+    if "correction" in extra_attrs:
+        return lambda g: {"correction": g.choice([0.0, 1.0])}
+    return None
+
+
+reduction("sum", "numeric")
+reduction("prod", "numeric")
+reduction("max", "real numeric", nonempty=True)
+reduction("min", "real numeric", nonempty=True)
+reduction("mean", "floating")
+reduction("std", "real floating")
+reduction("var", "real floating")
+reduction("all", "any")
+reduction("any", "any")
+reduction("count_nonzero", "any")
+
+
+def _arg_examples(g):
+    shape = g.shape(min_dims=1, min_side=1)
+    axis = g.choice([None, g.integer(-len(shape), len(shape) - 1)])
+    return (g.array(shape, g.dtype("real numeric")),), {"axis": axis, "keepdims": g.flag()}
+
+
+for _name in ("argmax", "argmin"):
+    EXAMPLES[_name] = _arg_examples
+    BAD_EXAMPLES[_name] = samples.bad_axis("real numeric")
+
+
+def _scan_examples(g):
+    shape = g.shape(min_dims=1)
+    axis = g.integer(-len(shape), len(shape) - 1)
+    return (g.array(shape, g.dtype("numeric"), low=-3, high=3),), {"axis": axis, "include_initial": g.flag()}
+
+
+for _name in ("cumulative_sum", "cumulative_prod"):
+    EXAMPLES[_name] = _scan_examples
+    BAD_EXAMPLES[_name] = samples.bad_axis("numeric")
+
+
+def _diff_examples(g):
+    shape = g.shape(min_dims=1)
+    axis = g.integer(-len(shape), len(shape) - 1)
+    return (g.array(shape, g.dtype("real numeric"), low=-100, high=100),), {"axis": axis, "n": g.integer(0, 2)}
+
+
+EXAMPLES["diff"] = _diff_examples
+BAD_EXAMPLES["diff"] = samples.bad_axis("numeric")
+
+
+def _sort_examples(g):
+    shape = g.shape(min_dims=1)
+    axis = g.integer(-len(shape), len(shape) - 1)
+    return (g.array(shape, g.dtype("real numeric")),), {"axis": axis, "descending": g.flag(), "stable": True}
+
+
+for _name in ("sort", "argsort"):
+    EXAMPLES[_name] = _sort_examples
+    BAD_EXAMPLES[_name] = samples.bad_axis("real numeric")
+
+
+def _searchsorted_examples(g):
+    dtype = g.dtype("real numeric")
+    return (np.sort(g.array((g.integer(0, 6),), dtype)), g.array(g.shape(), dtype)), {"side": g.choice(["left", "right"])}
+
+
+EXAMPLES["searchsorted"] = _searchsorted_examples
+EXAMPLES["nonzero"] = lambda g: ((g.array(g.shape(min_dims=1), g.dtype("any")),), {})
+for _name in ("unique_values", "unique_counts", "unique_inverse", "unique_all"):
+    EXAMPLES[_name] = lambda g: ((g.array(g.shape(), g.dtype("real numeric"), low=0, high=5),), {})
