@@ -84,11 +84,11 @@ class AutodiffEngine(Engine):
     def upload(self, host, copy=None) -> Var:
         return Var(self.inner.upload(host, copy))
 
-    def download(self, handle):
-        return self.inner.download(handle.handle if type(handle) is Var else handle)
+    def download(self, handle: Var):
+        return self.inner.download(handle.handle)
 
-    def native(self, handle):
-        return self.inner.native(handle.handle if type(handle) is Var else handle)
+    def native(self, handle: Var):
+        return self.inner.native(handle.handle)
 
     def sync(self) -> None:
         self.inner.sync()
@@ -103,7 +103,7 @@ class AutodiffEngine(Engine):
                 from ..errors import EmberError
                 raise EmberError("an in-place update of an array that requires grad would be recorded; "
                                  "update parameters inside `with em.no_grad():`")
-            return Var(new.handle if type(new) is Var else new, requires_grad=True, grad=old.grad)
+            return Var(new.handle, requires_grad=True, grad=old.grad)  # this engine's handles are all Vars
         return new
 
     def unwrap(self, handle):
