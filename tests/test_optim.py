@@ -155,3 +155,16 @@ def test_plain_sgd_keeps_no_state_and_zero_grad_forgets():
     assert em.asnumpy(w).tolist() == [0.0, 0.0] and opt.state == ()
     opt.zero_grad()
     assert w.grad is None and w.requires_grad
+
+
+def test_documented_defaults():
+    sgd, adam = em.optim.SGD(), em.optim.Adam()
+    assert (sgd.lr, sgd.momentum, sgd.weight_decay) == (0.01, 0.0, 0.0)
+    assert (adam.lr, adam.betas, adam.eps) == (1e-3, (0.9, 0.999), 1e-8)  # torch.optim.Adam's
+
+
+def test_a_step_that_would_change_a_parameters_dtype_is_refused_naming_step():
+    w = em.asarray([1.0, 2.0], dtype=em.float32, device=em.autodiff("numpy")).requires_grad_()
+    with pytest.raises(em.DTypeError, match=r"^step: the result dtype float64 differs from the array's float32"):
+        em.optim.SGD([w], lr=0.1).step([em.asarray([1.0, 1.0], dtype=em.float64)])
+    assert em.asnumpy(w).tolist() == [1.0, 2.0] and w.dtype == em.float32

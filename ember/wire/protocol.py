@@ -93,13 +93,14 @@ def pack(value) -> bytes:
         raise ProtocolError(f"cannot encode a message: {error}") from None
 
 
-def unpack(data, limit: int | None = None):
-    """Plain data from msgpack bytes; tuples for arrays; ProtocolError on anything malformed."""
-    limit = limit or len(data)
+def unpack(data):
+    """Plain data from msgpack bytes; tuples for arrays; ProtocolError on anything malformed.
+
+    msgpack bounds every string, array, map and extension by the size of ``data`` itself, so a
+    few bytes announcing a billion elements are refused before anything is allocated.
+    """
     try:
-        return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True, ext_hook=_ext_hook,
-                               max_str_len=limit, max_bin_len=limit, max_array_len=limit, max_map_len=limit,
-                               max_ext_len=limit)
+        return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True, ext_hook=_ext_hook)
     except ProtocolError:
         raise
     except Exception as error:  # msgpack raises several types on malformed input
@@ -163,14 +164,10 @@ class FrameReader:
         self.allocate = allocate  # (shape, dtype) -> array: where received tensors are put
         self._reset()
 
-    def _reset(self):
+    def _reset(self):  # the header stage sets the frame's header, arrays, views and payload length
         self._stage = "prefix"
         self._target = memoryview(bytearray(PREFIX_SIZE))
         self._filled = 0
-        self._header = None
-        self._arrays: list[np.ndarray] = []
-        self._views: list[memoryview] = []
-        self._payload = 0
 
     def buffer(self) -> memoryview:
         """The writable region where the next bytes of the stream belong."""

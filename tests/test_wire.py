@@ -1,0 +1,200 @@
+"""The wire without I/O: the msgpack codec and the incremental FrameReader, byte by byte.
+
+The peer tests send these frames over real sockets; here every edge of the format — limits at
+their exact value, header-less frames, empty and non-contiguous tensors, frames split anywhere,
+several frames in one read — is checked directly.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+import ember as em
+from ember import errors
+from ember.wire import protocol as wire
+from ember.wire.protocol import MAGIC, PREFIX_SIZE, FrameReader, Limits
+
+
+def _bytes(header, segments=()) -> bytes:
+    return b"".join(bytes(b) for b in wire.encode_frame(header, list(segments)))
+
+
+def _prefix(header_len: int, payload: int) -> bytes:
+    return struct.pack("<4sIQ", MAGIC, header_len, payload)
+
+
+# --- the codec ---------------------------------------------------------------------------------------
+
+def test_plain_values_round_trip_with_tuples_strings_dtypes_and_complex():
+    value = {"t": "x", "n": [1, -2, 2**63 - 1], "f": 1.5, "c": 1 - 2j, "d": em.float32, "b": b"\x00\x01", "none": None,
+             "nested": {"k": [(1, 2), True]}, "np": np.int16(7)}
+    back = wire.unpack(wire.pack(value))
+    assert back == {"t": "x", "n": (1, -2, 2**63 - 1), "f": 1.5, "c": 1 - 2j, "d": em.float32, "b": b"\x00\x01",
+                    "none": None, "nested": {"k": ((1, 2), True)}, "np": 7}
+    assert type(back["t"]) is str and type(back["n"]) is tuple and back["d"] is em.float32
+
+
+def test_what_cannot_travel_is_refused_naming_it():
+    with pytest.raises(errors.ProtocolError, match=r"^cannot encode object <object object at .*>: only plain values travel$"):
+        wire.pack({"x": object()})
+    with pytest.raises(errors.ProtocolError, match=r"^cannot encode int 1180591620717411303424: only plain values travel$"):
+        wire.pack(2**70)
+    with pytest.raises(errors.ProtocolError, match=r"^cannot encode a message: 'utf-8' codec can't encode"):
+        wire.pack({"x": "\ud800"})  # a lone surrogate is not UTF-8
+
+
+@pytest.mark.parametrize("data, message", [
+    (wire.pack({1: "a"}), r"^malformed header: ValueError: .*"),  # map keys are strings
+    (b"\xdd" + struct.pack(">I", 2**31), r"^malformed header: ValueError: 2147483648 exceeds max_array_len\(5\)$"),
+    (b"\xdf" + struct.pack(">I", 2**30), r"^malformed header: ValueError: 1073741824 exceeds max_map_len"),
+    (b"\xc7\x04\x01" + b"qu16", r"^unknown dtype b'qu16'$"),
+    (b"\xc7\x28\x01" + b"x" * 40, r"^unknown dtype b'x{32}'$"),  # shown up to 32 bytes
+    (b"\xc7\x08\x02" + b"\x00" * 8, r"^unknown msgpack extension type 2$"),  # a complex needs 16 bytes
+    (b"\xc7\x10\x07" + b"\x00" * 16, r"^unknown msgpack extension type 7$"),
+    (b"\xc1", r"^malformed header: "),
+])
+def test_malformed_or_oversized_msgpack_is_a_protocol_error(data, message):
+    with pytest.raises(errors.ProtocolError, match=message):
+        wire.unpack(data)
+
+
+def test_error_replies_become_the_exception_they_name():
+    assert type(wire.error_from_reply("ShapeError", "matmul: no")) is errors.ShapeError
+    unknown = wire.error_from_reply("FromTheFuture", 42)
+    assert type(unknown) is errors.ExecutionError and str(unknown) == "42"
+
+
+# --- frames ------------------------------------------------------------------------------------------
+
+SEGMENTS = [np.arange(12, dtype=np.float32).reshape(3, 4), np.zeros((0, 5), np.int64), np.array(2.5 + 1j),
+            np.array([True, False])]
+
+
+def _check(frame, header, segments):
+    assert {k: v for k, v in frame.header.items() if k != "seg"} == header
+    assert len(frame.segments) == len(segments)
+    for got, sent in zip(frame.segments, segments):
+        assert got.dtype == sent.dtype and got.shape == sent.shape
+        np.testing.assert_array_equal(got, sent)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, PREFIX_SIZE, 1000, None])
+def test_frames_parse_the_same_however_the_bytes_are_split(chunk):
+    """Several frames in one stream, fed in chunks (the incremental path) or whole (the fast path)."""
+    header = {"t": "batch", "m": (("put", 1, 0),)}
+    stream = _bytes(header, SEGMENTS) + _bytes({"t": "close"}) + _bytes(header, SEGMENTS[:1])
+    reader, frames = FrameReader(), []
+    for start in range(0, len(stream), chunk or len(stream)):
+        frames += reader.feed(stream[start:start + (chunk or len(stream))])
+    assert [f.header["t"] for f in frames] == ["batch", "close", "batch"]
+    _check(frames[0], header, SEGMENTS)
+    _check(frames[1], {"t": "close"}, [])
+    _check(frames[2], header, SEGMENTS[:1])
+    assert reader.buffer().nbytes == PREFIX_SIZE  # back at a frame boundary
+
+
+def test_receiving_into_the_buffer_parses_like_feeding():
+    stream = _bytes({"t": "a"}, SEGMENTS) + _bytes({"t": "b"})
+    reader, frames, at = FrameReader(), [], 0
+    while at < len(stream):
+        target = reader.buffer()
+        n = min(target.nbytes, 7, len(stream) - at)
+        target[:n] = stream[at:at + n]
+        at += n
+        frames += reader.advance(n)
+    assert [f.header["t"] for f in frames] == ["a", "b"]
+    _check(frames[0], {"t": "a"}, SEGMENTS)
+
+
+def test_a_non_contiguous_tensor_is_sent_by_value():
+    strided = np.arange(20.0).reshape(4, 5)[:, ::2]
+    (frame,) = FrameReader().feed(_bytes({}, [strided]))
+    np.testing.assert_array_equal(frame.segments[0], strided)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_frame_without_a_header_is_an_empty_map(whole):
+    reader = FrameReader()
+    data = _prefix(0, 0)
+    frames = reader.feed(data) if whole else reader.feed(data[:5]) + reader.feed(data[5:])
+    assert frames == [wire.Frame({}, [])]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_received_tensors_go_where_allocate_says(whole):
+    made = []
+
+    def allocate(shape, dtype):
+        made.append((shape, dtype))
+        return np.empty(shape, dtype)
+
+    data = _bytes({"t": "x"}, SEGMENTS[:2])
+    reader = FrameReader(allocate=allocate)
+    (frame,) = reader.feed(data) if whole else reader.feed(data[:PREFIX_SIZE]) + reader.feed(data[PREFIX_SIZE:])
+    assert made == [((3, 4), np.dtype(np.float32)), ((0, 5), np.dtype(np.int64))]
+    _check(frame, {"t": "x"}, SEGMENTS[:2])
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_limits_hold_at_their_exact_values(whole):
+    header = wire.pack({"t": "x", "seg": (("uint8", (16,)),)})
+    data = _prefix(len(header), 16) + header + bytes(16)
+    size = len(header)
+    exact = Limits(max_header_bytes=size, max_tensor_bytes=16, max_frame_bytes=size + 16)
+
+    def parse(limits):
+        reader = FrameReader(limits)
+        return reader.feed(data) if whole else reader.feed(data[:PREFIX_SIZE]) + reader.feed(data[PREFIX_SIZE:])
+
+    (frame,) = parse(exact)
+    assert frame.segments[0].nbytes == 16
+    for limits, message in [
+        (Limits(max_header_bytes=size - 1, max_tensor_bytes=16, max_frame_bytes=size + 16),
+         f"a header of {size} bytes exceeds the limit of {size - 1}"),
+        (Limits(max_header_bytes=size, max_tensor_bytes=15, max_frame_bytes=size + 16),
+         "a tensor of 16 bytes exceeds the limit of 15 bytes"),
+        (Limits(max_header_bytes=size, max_tensor_bytes=16, max_frame_bytes=size + 15),
+         f"a frame of {size + 16} bytes exceeds the limit of {size + 15}"),
+    ]:
+        with pytest.raises(errors.ProtocolError, match=message):
+            parse(limits)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("header, payload, message", [
+    ([1, 2], 0, r"^a frame header must be a map$"),
+    ({"seg": [["uint8", [2]]]}, 2, None),  # lists are fine: msgpack makes them tuples
+    ({"seg": "uint8"}, 0, r"^'seg' must be a list of \[dtype, shape\]$"),
+    ({"seg": (("float128", (2,)),)}, 32, r"^bad segment descriptor \('float128', \(2,\)\)$"),
+    ({"seg": (("uint8",),)}, 0, r"^bad segment descriptor \('uint8',\)$"),
+    ({"seg": (("uint8", (-1,)),)}, 0, r"^bad segment shape \(-1,\)$"),
+    ({"seg": (("uint8", (1,) * 65),)}, 1, r"^bad segment shape"),
+    ({"seg": (("uint8", (3,)),)}, 2, r"segments (of 3 bytes )?disagree with the payload length 2$"),
+])
+def test_bad_segment_descriptors_are_refused_naming_them(whole, header, payload, message):
+    body = wire.pack(header)
+    data = _prefix(len(body), payload) + body + bytes(payload)
+    reader = FrameReader()
+    parse = (lambda: reader.feed(data)) if whole else (lambda: reader.feed(data[:PREFIX_SIZE]) + reader.feed(data[PREFIX_SIZE:]))
+    if message is None:
+        (frame,) = parse()
+        assert frame.segments[0].shape == (2,)
+        return
+    with pytest.raises(errors.ProtocolError, match=message):
+        parse()
+
+
+def test_the_most_dimensions_a_tensor_may_have_is_64():
+    (frame,) = FrameReader().feed(_bytes({}, [np.zeros((1,) * 64, np.uint8)]))
+    assert frame.segments[0].ndim == 64 and frame.segments[0].size == 1
+    empty = np.zeros((0,) * 3, np.float64)
+    (frame,) = FrameReader().feed(_bytes({}, [empty]))
+    assert frame.segments[0].shape == (0, 0, 0)
+
+
+def test_bad_magic_names_the_bytes():
+    with pytest.raises(errors.ProtocolError, match=r"^bad frame magic b'HTTP': not an ember peer$"):
+        FrameReader().feed(b"HTTP" + bytes(PREFIX_SIZE - 4))
