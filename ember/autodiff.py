@@ -23,6 +23,7 @@ from .trees import flatten, unflatten
 
 __all__ = ["autodiff", "no_grad", "enable_grad", "grad", "value_and_grad", "is_grad_enabled"]
 
+
 def autodiff(device) -> AutodiffDevice:
     """``device`` with gradient tracking (the same object for the same device)."""
     return as_device(device).autodiff()

@@ -38,7 +38,11 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],
                  ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_graph_files.py"]),
 }
-SLOW = ["--deselect=tests/test_train.py::test_the_example_reaches_95_percent"]  # a 400-step subprocess
+LEFT_OUT = [
+    "--deselect=tests/test_train.py::test_the_example_reaches_95_percent",  # a 400-step subprocess: slow
+    # counts references with sys.getrefcount, which mutmut's trampolines raise: it cannot pass under mutmut
+    "--deselect=tests/test_remote.py::test_buffer_pool_reuses_only_unshared_buffers",
+]
 LEFT_BEHIND = shutil.ignore_patterns(".git", ".venv", "venv", "mutants", "build", "dist", "*.egg-info", "__pycache__",
                                      ".hypothesis")
 STATUS = re.compile(r"^\s*(ember\.[\w.]+?)\.x[_ǁ]\S*__mutmut_\d+: (.+)$")  # module, status
@@ -46,7 +50,7 @@ STATUS = re.compile(r"^\s*(ember\.[\w.]+?)\.x[_ǁ]\S*__mutmut_\d+: (.+)$")  # mo
 
 def _config(modules: list[str], tests: list[str]) -> str:
     listed = ", ".join(json.dumps(m) for m in modules)
-    selection = ", ".join(json.dumps(t) for t in tests + SLOW)
+    selection = ", ".join(json.dumps(t) for t in tests + LEFT_OUT)
     return (f"[tool.mutmut]\nsource_paths = [\"ember/\"]\nonly_mutate = [{listed}]\n"
             f"also_copy = [\"benchmarks/\", \"examples/\", \"README.md\", \"setup.py\"]\n"
             f"pytest_add_cli_args_test_selection = [{selection}]\ntimeout_multiplier = 2.0\ntimeout_constant = 5.0\n")
@@ -65,11 +69,13 @@ def run_group(checkout: Path, modules: list[str], tests: list[str], children: in
         # a codec shows on the first examples (the test suite's own runs keep 25)
         env = {"EMBER_EXAMPLES": "5", **os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         ran = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=work, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         listing = subprocess.run([*mutmut, "results", "--all", "true"], cwd=work, env=env,
                                  capture_output=True, text=True).stdout
-        if ran.returncode != 0 and not listing.strip():
-            raise SystemExit(f"mutmut failed in {work}:\n{ran.stderr[-3000:]}")
+        if ran.returncode != 0 and (not listing.strip() or all(STATUS.match(line) is None or "not checked" in line
+                                                               for line in listing.splitlines())):
+            output = "\n".join(line for line in ran.stdout.replace("\r", "\n").splitlines() if "Running" not in line)
+            raise SystemExit(f"mutmut failed:\n{output[-3000:]}")
         counts: dict = collections.defaultdict(collections.Counter)
         survivors = {}
         for line in listing.splitlines():
@@ -113,12 +119,12 @@ def main(argv=None) -> int:
         report[name] = run_group(args.checkout, modules, tests, args.children)
         report[name]["seconds"] = round(time.monotonic() - start)
     print(f"{'module':<32}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'untested':>9}{'kill rate':>10}")
-    for name, result in report.items():
+    for result in report.values():
         for module, counts in sorted(result["counts"].items()):
             total = sum(counts.values())
             print(f"{module:<32}{total:>8}{counts.get('killed', 0):>8}{counts.get('timeout', 0):>8}"
                   f"{counts.get('survived', 0):>9}{counts.get('no tests', 0):>9}{kill_rate(counts):>10.1%}")
-    for name, result in report.items():
+    for result in report.values():
         for survivor in result["survivors"]:
             print(f"survived  {survivor}")
     if args.json:  # with each survivor's diff

@@ -200,6 +200,7 @@ def _repeat_grad(xp, g, out, x, repeats, axis):
     else:
         counts = (repeats if isinstance(repeats, int) else repeats[0],) * size
     index = xp.asarray([i for i, c in enumerate(counts) for _ in range(c)], dtype=dt.int64, device=g.device)
+
     def gather(positions):
         return xp.take(xp.reshape(positions, (-1,)) if flat else positions, index, axis=axis_)
     return (scatter_back(xp, g, x, gather),)

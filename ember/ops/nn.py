@@ -205,7 +205,6 @@ def _second_order(name):
     return NotDifferentiable(f"{name}: second-order gradients are not supported")
 
 
-
 def _pair(value, what):
     if isinstance(value, int) and not isinstance(value, bool):
         return (value, value)

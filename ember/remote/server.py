@@ -185,6 +185,7 @@ class Server:
             with self._lock:
                 self._threads.discard(threading.current_thread())
 
+
 def serve(device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None, insecure: bool = False,
           limits: Limits = Limits()) -> None:
     """Host ``device``'s backend as a compute peer on ``listen``; blocks until Ctrl-C.
