@@ -122,10 +122,8 @@ def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
     views = []
     if segments:
         header = {**header, "seg": [segment_descriptor(s) for s in segments]}
-        for s in segments:
-            if not s.flags.c_contiguous:
-                s = np.ascontiguousarray(s)
-            views.append(memoryview(s.reshape(-1).view(np.uint8)) if s.size else memoryview(b""))
+        # reshape(-1) is a view of a contiguous array and a C-order copy of any other, empty ones included
+        views.extend(memoryview(s.reshape(-1).view(np.uint8)) for s in segments)
     body = pack(header)
     payload = sum(v.nbytes for v in views)
     return [_PREFIX.pack(MAGIC, len(body), payload) + body, *views]
@@ -179,10 +177,8 @@ class FrameReader:
         frames = []
         while self._filled == len(self._target):
             frame = self._next_stage()
-            if frame is not None:
+            if frame is not None:  # the reader is back at an empty prefix: the loop ends
                 frames.append(frame)
-                if self._filled != len(self._target):
-                    break
         return frames
 
     def feed(self, data) -> list[Frame]:
@@ -239,7 +235,7 @@ class FrameReader:
             self._check_prefix(magic, header_len, payload)
             self._payload = payload
             self._stage, self._target, self._filled = "header", memoryview(bytearray(header_len)), 0
-            return None if header_len else self._next_stage()
+            return None  # an empty header is complete at once: advance's loop moves on
         if self._stage == "header":
             header = unpack(self._target) if len(self._target) else {}
             if not isinstance(header, dict):
