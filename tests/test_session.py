@@ -19,6 +19,7 @@ from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
 TOKEN = "s3cret"
+HOSTS = "this peer hosts 1 device(s) (numpy)"
 
 
 def _host(limits: Limits = Limits(max_tensor_bytes=1 << 16)) -> Host:
@@ -114,3 +115,71 @@ def test_a_tensor_over_the_sessions_limit_is_refused_before_it_runs():
     assert _replies(_batch(session, ("get", 3, 2))) == [
         ("error", 3, "ProtocolError", "tile: an output of shape (1600,) float64 exceeds the peer's tensor limit of 1024 bytes")]
     assert _replies(_batch(session, ("shape", 4, (1,)))) == [("shapes", 4, ((16,),))]  # the session goes on
+
+
+def test_the_info_reply_describes_the_host_and_each_session_is_new():
+    host, pool = _host(), BufferPool()
+    init = Frame({"t": "init", "v": wire.VERSION, "token": TOKEN}, [])  # no device index: device 0
+    first, ((info, _),) = host.open(init, pool)
+    second, ((again, _),) = host.open(init, BufferPool())
+    assert set(info) == {"t", "v", "session", "backend", "device", "devices", "device_count", "dtypes", "limits"}
+    assert (info["t"], info["v"], info["backend"], info["device"], info["devices"], info["device_count"]) == \
+        ("info", wire.VERSION, "numpy", "numpy", ("numpy",), 1)
+    assert info["dtypes"] == ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                              "float32", "float64", "complex64", "complex128")
+    assert info["limits"] == {"max_header_bytes": 64 << 20, "max_tensor_bytes": 1 << 16, "max_frame_bytes": 8 << 30}
+    assert len(info["session"]) == 32 and int(info["session"], 16) >= 0 and again["session"] != info["session"]
+    assert first.pool is pool and first.registry is host.registry
+    assert _replies(_batch(first, ("stats", 1))) == [("stats", 1, {"session_tensors": 0, "session_bytes": 0, "session_ops": 0,
+                                                                   "sessions": 2, "live_tensors": 0})]
+
+
+@pytest.mark.parametrize("header, kind, reason", [
+    ({"v": wire.VERSION, "device": 0, "token": "s3cre"}, "AccessDenied",
+     "bad or missing token: pass it in the device string (ember://TOKEN@host:port/0) or in EMBER_TOKEN"),
+    ({"v": 0, "device": 0, "token": TOKEN}, "ProtocolError",
+     f"protocol version 0 is not supported: this peer speaks version {wire.VERSION}"),
+    ({"v": wire.VERSION, "device": 1, "token": TOKEN}, "DeviceError", f"{HOSTS}; index 1 does not exist"),
+    ({"v": wire.VERSION, "device": -1, "token": TOKEN}, "DeviceError", f"{HOSTS}; index -1 does not exist"),
+    ({"v": wire.VERSION, "device": "0", "token": TOKEN}, "DeviceError", f"{HOSTS}; index '0' does not exist"),
+])
+def test_each_refusal_says_exactly_why(header, kind, reason):
+    session, replies = _host().open(Frame({"t": "init", **header}, []), BufferPool())
+    assert session is None and replies == [({"t": "refuse", "kind": kind, "reason": reason}, [])]
+
+
+@pytest.mark.parametrize("message, refusal", [
+    ((), "malformed message ()"),
+    ((1, 2), "malformed message (1, 2)"),
+    (("bogus",), "unknown message type 'bogus'"),
+    (("get", 1), "malformed 'get' message: not enough values to unpack (expected 2, got 1)"),
+    (("op", "add", (1,)), "malformed 'op' message: not enough values to unpack (expected 5, got 3)"),
+    (("op", "negative", (1,), (-1,), {}), "tensor ids are non-negative integers, got -1"),
+    (("op", "negative", (1,), (True,), {}), "tensor ids are non-negative integers, got True"),
+])
+def test_a_malformed_message_is_refused_naming_it(message, refusal):
+    session = _open(_host())
+    _batch(session, ("put", 1, 0), segments=[np.ones(3)])
+    with pytest.raises(ProtocolError) as refused:
+        _batch(session, message)
+    assert str(refused.value) == refusal
+
+
+def test_frames_a_session_answers_without_replies_and_one_it_refuses():
+    session = _open(_host())
+    assert session.handle(Frame({"t": "close"}, [])) == [] and session.handle(Frame({"t": "batch"}, [])) == []
+    with pytest.raises(ProtocolError, match=r"^unexpected frame type 'init' in a session$"):
+        session.handle(Frame({"t": "init"}, []))
+    with pytest.raises(ProtocolError, match=r"^a batch's 'm' must be a list of messages$"):
+        session.handle(Frame({"t": "batch", "m": "op"}, []))
+    _batch(session, ("put", 0, 0), segments=[np.ones(2)])  # id 0 is a valid id
+    assert _replies(_batch(session, ("shape", 1, (0,)), ("get", 2, 99))) == [
+        ("shapes", 1, ((2,),)), ("error", 2, "ExecutionError", "unknown tensor id 99 (dropped, or from another session)")]
+
+
+def test_a_kernels_own_failure_is_an_execution_error_naming_the_op():
+    session = _open(_host())
+    _batch(session, ("put", 1, 0), segments=[np.ones(3)])
+    _batch(session, ("op", "sum", (1,), (2,), {"dtype": "float64"}))  # a dtype name where a dtype belongs
+    ((kind, rid, error, message),) = _replies(_batch(session, ("get", 3, 2)))
+    assert (kind, rid, error) == ("error", 3, "ExecutionError") and message.startswith("sum: ")
