@@ -1,6 +1,9 @@
 import os
 
-import pytest
+# a client waits for a silent peer up to EMBER_TIMEOUT (600 s by default); in tests a hang should fail in a minute
+os.environ.setdefault("EMBER_TIMEOUT", "60")
+
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ember", max_examples=int(os.environ.get("EMBER_EXAMPLES", "25")), deadline=None,

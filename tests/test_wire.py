@@ -109,10 +109,19 @@ def test_receiving_into_the_buffer_parses_like_feeding():
     _check(frames[0], {"t": "a"}, SEGMENTS)
 
 
-def test_a_non_contiguous_tensor_is_sent_by_value():
-    strided = np.arange(20.0).reshape(4, 5)[:, ::2]
-    (frame,) = FrameReader().feed(_bytes({}, [strided]))
-    np.testing.assert_array_equal(frame.segments[0], strided)
+@pytest.mark.parametrize("tensor", [
+    np.arange(20.0).reshape(4, 5)[:, ::2],                     # strided 2-d
+    np.arange(10.0)[::3],                                       # strided 1-d: reshape(-1) keeps its strides
+    np.broadcast_to(np.array(False), (5,)),                     # broadcast, stride 0, one byte per item
+    np.broadcast_to(np.arange(3, dtype=np.int64), (2, 3)),     # broadcast rows
+    np.asfortranarray(np.arange(6.0).reshape(2, 3)),           # column-major
+], ids=["strided-2d", "strided-1d", "broadcast-bool", "broadcast-rows", "fortran"])
+def test_a_non_contiguous_tensor_is_sent_by_value(tensor):
+    buffers = wire.encode_frame({}, [tensor])
+    assert all(memoryview(b).c_contiguous for b in buffers)  # what a scatter-gather send needs
+    (frame,) = FrameReader().feed(_bytes({}, [tensor]))
+    assert frame.segments[0].shape == tensor.shape and frame.segments[0].dtype == tensor.dtype
+    np.testing.assert_array_equal(frame.segments[0], tensor)
 
 
 @pytest.mark.parametrize("whole", [True, False])

@@ -122,8 +122,9 @@ def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
     views = []
     if segments:
         header = {**header, "seg": [segment_descriptor(s) for s in segments]}
-        # reshape(-1) is a view of a contiguous array and a C-order copy of any other, empty ones included
-        views.extend(memoryview(s.reshape(-1).view(np.uint8)) for s in segments)
+        # bytes in C order: a view of a contiguous tensor, a copy of any other (a strided or broadcast
+        # 1-d view is not made contiguous by reshape(-1))
+        views.extend(memoryview(np.ascontiguousarray(s).reshape(-1).view(np.uint8)) for s in segments)
     body = pack(header)
     payload = sum(v.nbytes for v in views)
     return [_PREFIX.pack(MAGIC, len(body), payload) + body, *views]
