@@ -108,4 +108,4 @@ class AutodiffEngine(Engine):
 
     def unwrap(self, handle):
         """A tracked value's handle on the inner device: its value, cut from the tape."""
-        return handle.handle if type(handle) is Var else handle
+        return handle.handle

@@ -14,7 +14,6 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import DataDependentError, NoValueError, ScopeClosedError, UndeclaredInputError
-from ..ops.records import literal
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
 
@@ -68,7 +67,7 @@ class CaptureEngine(Engine):
                 self._check(value, op.name)
                 refs.append(value)
             else:
-                refs.append(literal(value, meta.dtype))
+                refs.append((value, meta.dtype.name))  # a literal (ops/records.py)
         if op.data_dependent and any(None in m.shape for m in metas):
             raise DataDependentError(f"{op.name}: the output shape depends on the data (nonzero, unique, boolean "
                                      f"masks), which a capture cannot know; capture the computation around it instead")

@@ -20,7 +20,6 @@ from collections import deque
 import numpy as np
 
 from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError
-from ..ops.records import literal
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Limits
@@ -89,7 +88,7 @@ class RemoteEngine(Engine):
                                       f"move it with x.to_device({str(self.device)!r})")
                 raise ConnectionLost(f"{op.name}: an input lives in a lost session with {self.device}; its data is gone")
             else:
-                refs.append(literal(value, meta.dtype))
+                refs.append((value, meta.dtype.name))  # a literal (ops/records.py)
         ids = self._ids
         if len(metas) == 1:
             out = _new_handle(RemoteHandle)
@@ -129,7 +128,7 @@ class RemoteEngine(Engine):
                 self._pending.append(("graph", gid,
                                       tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs),
                                       tuple(i for _, i in graph.outputs),
-                                      tuple((op.name, op.inputs, op.outputs, op.attrs) for op in graph.ops),
+                                      tuple(graph.ops),  # OpRecords: the wire's record layout
                                       tuple((i, first + k) for k, i in enumerate(constant_ids))))
                 self._graph_ids[graph] = gid
                 weakref.finalize(graph, self._drops_graph.append, gid)

@@ -27,11 +27,6 @@ class OpRecord(NamedTuple):
 LITERAL_METAS = {d.name: Meta((), d) for d in dt.ALL}  # a literal's meta, by its dtype name
 
 
-def literal(value, dtype: dt.DType) -> tuple:
-    """The record form of a Python scalar input of ``dtype``."""
-    return (value, dtype.name)
-
-
 def literal_meta(what: str, ref) -> Meta:
     """The meta of literal ``ref``; ProtocolError naming ``what`` if it is not one."""
     if type(ref) is tuple and len(ref) == 2 and dt.is_python_scalar(ref[0]):
