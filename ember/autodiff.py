@@ -79,12 +79,12 @@ def detach(x: Array) -> Array:
     handle = x._handle
     if type(handle) is not Var:
         return x
-    return _new_array(Var(handle.handle), x._meta, x.device)
+    return _new_array(Var(handle.handle, x._meta), x._meta, x.device)
 
 
 def get_grad(x: Array) -> Array | None:
     var = _var(x, "grad")
-    return None if var.grad is None else _new_array(Var(var.grad._handle), var.grad._meta, x.device)
+    return None if var.grad is None else _new_array(Var(var.grad._handle, var.grad._meta), var.grad._meta, x.device)
 
 
 def set_grad(x: Array, value) -> None:
@@ -164,14 +164,14 @@ def _run_backward(roots: list, seeds: list) -> dict:
         gs = [cot.pop((id(node), i), None) for i in range(len(node.metas))]
         if all(g is None for g in gs):
             continue
-        rule = node.op.grad
+        row = node.row
+        rule = row.grad
         if isinstance(rule, NotDifferentiable):
             raise NotSupportedError(f"backward: {rule.reason}")
         inner = _inner_device(node, gs)
-        ins = tuple(_new_array(v.handle if type(v) is Var else v, m, inner) if _is_handle(v) else v
-                    for v, m in zip(node.inputs, node.in_metas))
+        ins = tuple(_new_array(v.handle, v.meta, inner) if type(v) is Var else v[0] for v in node.inputs)  # or a literal
         outs = tuple(_new_array(h, m, inner) for h, m in zip(node.outputs, node.metas))
-        if node.op.multiple:
+        if row.multiple:
             g_arg, out_arg = tuple(gs), outs
         else:
             g_arg, out_arg = gs[0], outs[0]
@@ -179,16 +179,12 @@ def _run_backward(roots: list, seeds: list) -> dict:
             grads = rule(xp, g_arg, out_arg, *ins, **node.attrs)
         except NotImplementedError as error:
             raise NotSupportedError(f"backward: {error}") from None
-        for source, g, meta in zip(node.inputs, grads, node.in_metas):
+        for source, g in zip(node.inputs, grads):
             if g is not None and type(source) is Var and source.requires_grad:
-                if meta.dtype.kind != dt.COMPLEX and g.dtype.kind == dt.COMPLEX:
+                if source.meta.dtype.kind != dt.COMPLEX and g.dtype.kind == dt.COMPLEX:
                     g = xp.real(g)  # a real input's gradient is the real part of its cotangent
                 add(source, g)
     return {leaves[k]: g for k, g in cot.items() if k in leaves}
-
-
-def _is_handle(value) -> bool:
-    return not dt.is_python_scalar(value)
 
 
 def _inner_device(node, gs) -> Device:
@@ -208,7 +204,7 @@ def _track(x) -> Array:
     handle = x._handle.handle if type(x._handle) is Var else x._handle
     if not dt.in_category(x.dtype, "real floating"):
         raise DTypeError(f"grad: only real floating arrays can be differentiated, got {x.dtype}")
-    return _new_array(Var(handle, requires_grad=True), x._meta, autodiff(inner))
+    return _new_array(Var(handle, x._meta, requires_grad=True), x._meta, autodiff(inner))
 
 
 def value_and_grad(function, argnums=0, has_aux: bool = False):

@@ -59,8 +59,8 @@ def _meta(node: int, dtype=None, shape=None) -> tuple:
 SUM_ATTRS = SAVED["ops"][1][3]
 TAMPERED = {  # name -> (header entries replaced, what the error names)
     # validate(): the records against the op table
-    "unknown op": ({"ops": _op(0, name="no_such_op")}, "unknown op 'no_such_op' in the graph"),
-    "op name not a string": ({"ops": _op(0, name=5)}, "unknown op 5 in the graph"),
+    "unknown op": ({"ops": _op(0, name="no_such_op")}, "unknown op 'no_such_op'"),
+    "op name not a string": ({"ops": _op(0, name=5)}, "unknown op 5"),
     "unknown attribute": ({"ops": _op(1, attrs={**SUM_ATTRS, "bogus": 1})}, "sum: unknown attribute 'bogus'"),
     "required attribute missing": ({"ops": _op(1, name="reshape", attrs={})},
                                    "reshape: the required attribute 'shape' is missing"),

@@ -1,8 +1,9 @@
 """The autodiff engine: records a tape of differentiable ops, then forwards them to its inner
 engine (any engine: local, remote, capture).
 
-Handles are :class:`Var` objects wrapping the inner engine's handle; a Var produced by an op on
-tracked inputs points to the :class:`TapeNode` that made it. Rows whose outputs carry no
+Handles are :class:`Var` objects wrapping the inner engine's handle and its meta; a Var produced
+by an op on tracked inputs points to the tape entry that made it, an ``OpRecord`` (ops/records.py)
+whose inputs are Vars or literals and whose outputs are the inner handles the gradient rules read. Rows whose outputs carry no
 gradient (``NO_GRADIENT``) stop tracking there and remember why.
 """
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import threading
 
-from ..ops.table import NO_GRADIENT
+from .. import dtypes as dt
+from ..ops.records import OpRecord
+from ..ops.table import NO_GRADIENT, Meta
 from .base import Engine
 
 _MODE = threading.local()
@@ -27,26 +30,24 @@ def set_grad_enabled(enabled: bool) -> bool:
     return previous
 
 
-class TapeNode:
-    """One recorded op: its row, inputs (Vars, inner handles or literals), metas, attributes,
-    and the inner handles of its outputs (rules may need them)."""
-
-    __slots__ = ("op", "inputs", "in_metas", "attrs", "metas", "outputs")
-
-    def __init__(self, op, inputs, in_metas, attrs, metas, outputs):
-        self.op, self.inputs, self.in_metas, self.attrs, self.metas, self.outputs = op, inputs, in_metas, attrs, metas, outputs
-
-
 class Var:
-    """An autodiff handle: the inner handle, whether it requires a gradient, what produced it."""
+    """An autodiff handle: the inner handle and its meta, whether it requires a gradient, and the
+    tape entry (output ``index`` of ``node``) that produced it."""
 
-    __slots__ = ("handle", "requires_grad", "node", "index", "grad", "stopped_by", "__weakref__")
+    __slots__ = ("handle", "meta", "requires_grad", "node", "index", "grad", "stopped_by", "__weakref__")
 
-    def __init__(self, handle, node: TapeNode | None = None, index: int = 0, requires_grad: bool = False,
+    def __init__(self, handle, meta: Meta, node: OpRecord | None = None, index: int = 0, requires_grad: bool = False,
                  grad=None, stopped_by: str | None = None):
-        self.handle, self.node, self.index = handle, node, index
+        self.handle, self.meta, self.node, self.index = handle, meta, node, index
         self.requires_grad = requires_grad or node is not None
         self.grad, self.stopped_by = grad, stopped_by
+
+
+def _tape_input(value, meta: Meta):
+    """A tape entry's input: a Var, a literal, or an array of the inner device as an untracked Var."""
+    if type(value) is Var:
+        return value
+    return (value, meta.dtype.name) if dt.is_python_scalar(value) else Var(value, meta)
 
 
 class AutodiffEngine(Engine):
@@ -75,14 +76,14 @@ class AutodiffEngine(Engine):
                 raw.append(value)
         outs, metas = self.inner.execute(op, tuple(raw), in_metas, attrs, metas)
         if not (tracked and grad_enabled()):
-            return tuple(Var(o) for o in outs), metas
+            return tuple(Var(o, m) for o, m in zip(outs, metas)), metas
         if op.grad is NO_GRADIENT:
-            return tuple(Var(o, stopped_by=op.name) for o in outs), metas
-        node = TapeNode(op, tuple(inputs), in_metas, attrs, metas, outs)
-        return tuple(Var(o, node, i) for i, o in enumerate(outs)), metas
+            return tuple(Var(o, m, stopped_by=op.name) for o, m in zip(outs, metas)), metas
+        node = OpRecord(op.name, tuple(map(_tape_input, inputs, in_metas)), outs, attrs, metas)
+        return tuple(Var(o, m, node, i) for i, (o, m) in enumerate(zip(outs, metas))), metas
 
     def upload(self, host, copy=None) -> Var:
-        return Var(self.inner.upload(host, copy))
+        return Var(self.inner.upload(host, copy), Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]))
 
     def download(self, handle: Var):
         return self.inner.download(handle.handle)
@@ -103,7 +104,7 @@ class AutodiffEngine(Engine):
                 from ..errors import EmberError
                 raise EmberError("an in-place update of an array that requires grad would be recorded; "
                                  "update parameters inside `with em.no_grad():`")
-            return Var(new.handle, requires_grad=True, grad=old.grad)  # this engine's handles are all Vars
+            return Var(new.handle, new.meta, requires_grad=True, grad=old.grad)  # this engine's handles are all Vars
         return new
 
     def unwrap(self, handle):

@@ -47,7 +47,6 @@ class Engine:
         The graph's metas are known, so this executes each record without re-inferring it;
         engines that can do better (a peer registers the graph once) override it.
         """
-        from ..ops import OPS
         env = dict(graph.constant_handles(self))
         env.update(zip((i for _, i, _ in graph.inputs), inputs))
         metas = graph.metas
@@ -60,7 +59,7 @@ class Engine:
                 else:
                     handles.append(ref[0])
                     in_metas.append(LITERAL_METAS[ref[1]])
-            outs, _ = self.execute(OPS[op.name], tuple(handles), tuple(in_metas), op.attrs,
+            outs, _ = self.execute(op.row, tuple(handles), tuple(in_metas), op.attrs,
                                    tuple(metas[i] for i in op.outputs))
             env.update(zip(op.outputs, outs))
         return [env[i] for _, i in graph.outputs]

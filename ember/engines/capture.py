@@ -1,9 +1,10 @@
 """The capture engine: records operations into a graph and never executes them.
 
-Handles are :class:`Node` objects linked to the :class:`Record` of the op that produced them,
-so a graph is whatever is reachable from its outputs (nodes nobody holds are freed like any
-Python object). Inputs are placeholders declared in a scope; constants are nodes holding a host
-value, the only nodes that can be read.
+Handles are :class:`Node` objects linked to the ``OpRecord`` of the op that produced them
+(ops/records.py: its inputs are nodes or literals, and it keeps its outputs' metas), so a graph
+is whatever is reachable from its outputs (nodes nobody holds are freed like any Python object).
+Inputs are placeholders declared in a scope; constants are nodes holding a host value, the only
+nodes that can be read.
 """
 
 from __future__ import annotations
@@ -14,18 +15,9 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import DataDependentError, NoValueError, ScopeClosedError, UndeclaredInputError
+from ..ops.records import OpRecord
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
-
-
-class Record:
-    """One captured op: its row, its inputs (nodes or ``(value, dtype name)`` literals),
-    canonical attributes and output metas."""
-
-    __slots__ = ("op", "inputs", "attrs", "metas")
-
-    def __init__(self, op, inputs: tuple, attrs: dict, metas: tuple):
-        self.op, self.inputs, self.attrs, self.metas = op, inputs, attrs, metas
 
 
 class Node:
@@ -34,7 +26,7 @@ class Node:
     __slots__ = ("scope", "meta", "record", "index", "value", "name", "__weakref__")
     _counter = itertools.count()
 
-    def __init__(self, scope, meta: Meta, record: Record | None = None, index: int = 0, value=None, name=None):
+    def __init__(self, scope, meta: Meta, record: OpRecord | None = None, index: int = 0, value=None, name=None):
         self.scope, self.meta, self.record, self.index, self.value, self.name = scope, meta, record, index, value, name
 
     @property
@@ -73,7 +65,7 @@ class CaptureEngine(Engine):
                                      f"masks), which a capture cannot know; capture the computation around it instead")
         if self.scope is not None and self.scope.closed:
             raise ScopeClosedError(f"{op.name}: this capture scope is closed")
-        record = Record(op, tuple(refs), attrs, metas)
+        record = OpRecord(op.name, tuple(refs), (), attrs, metas)  # outputs point back at it by index
         self.ops_recorded += 1
         return tuple(Node(self.scope, m, record, i) for i, m in enumerate(metas)), metas
 
@@ -94,7 +86,7 @@ class CaptureEngine(Engine):
     def download(self, handle: Node) -> np.ndarray:
         if handle.value is not None:
             return handle.value
-        what = f"input {handle.name!r}" if handle.record is None else f"the output of {handle.record.op.name}"
+        what = f"input {handle.name!r}" if handle.record is None else f"the output of {handle.record.name}"
         raise NoValueError(f"{what} ({fmt_shape(handle.meta.shape)} {handle.meta.dtype}) has no concrete value: "
                            f"capture records, it does not execute — replay the graph on a device")
 

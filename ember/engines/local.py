@@ -9,7 +9,6 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import EmberError, ExecutionError, IndexingError, NotSupportedError
-from ..ops import OPS
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
 
@@ -98,7 +97,7 @@ class LocalEngine(Engine):
     def run_graph(self, graph, inputs: list) -> list:
         plan = self._plans.get(graph)
         if plan is None:
-            ops = [(OPS[op.name], op.inputs, op.outputs, op.attrs) for op in graph.ops]
+            ops = [(op.row, op.inputs, op.outputs, op.attrs) for op in graph.ops]
             plan = self._plans[graph] = self.compile(ops, [i for _, i, _ in graph.inputs], graph.constant_handles(self),
                                                      [i for _, i in graph.outputs])
         return plan.run(inputs)

@@ -128,7 +128,7 @@ class RemoteEngine(Engine):
                 self._pending.append(("graph", gid,
                                       tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs),
                                       tuple(i for _, i in graph.outputs),
-                                      tuple(graph.ops),  # OpRecords: the wire's record layout
+                                      tuple(op[:4] for op in graph.ops),  # records as the wire carries them
                                       tuple((i, first + k) for k, i in enumerate(constant_ids))))
                 self._graph_ids[graph] = gid
                 weakref.finalize(graph, self._drops_graph.append, gid)

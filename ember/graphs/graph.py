@@ -206,7 +206,7 @@ class CapturedGraph:
             "t": "graph", "format": "ember.graph", "version": GRAPH_FORMAT_VERSION,
             "inputs": tuple((n, i, m.dtype, m.shape) for n, i, m in self.inputs),
             "outputs": tuple((n, i) for n, i in self.outputs),
-            "ops": tuple(self.ops),  # OpRecords, written as the records they are
+            "ops": tuple(op[:4] for op in self.ops),  # the records as the wire carries them (no metas)
             "metas": tuple((i, m.dtype, m.shape) for i, m in self.metas.items()),
             "constants": tuple(constant_ids),
         }

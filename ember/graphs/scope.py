@@ -117,6 +117,6 @@ def _extract(inputs, outputs) -> CapturedGraph:
         emitted.add(id(record))
         refs = tuple(ids[key(ref)] if type(ref) is Node else ref for ref in record.inputs)
         outs = tuple(number((id(record), i), m) for i, m in enumerate(record.metas))
-        ops.append(OpRecord(record.op.name, refs, outs, dict(record.attrs)))
+        ops.append(OpRecord(record.name, refs, outs, dict(record.attrs)))
     return CapturedGraph([(n, ids[key(node)], node.meta) for n, node in inputs],
                          [(n, ids[key(node)]) for n, node in outputs], ops, constants, metas)

@@ -1,9 +1,20 @@
 """Op records: one op instance as plain data, and the checks every reader of records shares.
 
-A record is ``(row name, inputs, outputs, attrs)``: inputs are node (or tensor) ids, ints, or
-scalar *literals* ``(value, dtype name)``; outputs are node ids; attrs the canonical attributes.
-Capture extracts graphs of them, graph files and the wire carry them, compiled plans run them,
-and the compute peer and ``load_graph`` validate them with the same :func:`check_records`.
+A record is ``(row name, inputs, outputs, attrs, metas)``. An input is a reference to a tensor or
+a scalar *literal* ``(value, dtype name)``; attrs are the canonical attributes. What references a
+tensor depends on where the record lives:
+
+- graphs, graph files, the wire and compiled plans: integer node (tensor) ids, outputs too, and
+  no ``metas`` (they are re-derived by :func:`check_records`, so nothing a file or a client
+  claims about shapes is trusted); the wire's single-op message is ``("op", *record[:4])``;
+- a capture: the input ``Node``s; outputs are empty, because each output node points back at
+  its record and index, and ``metas`` are the outputs' (a graph extracted from a capture numbers
+  them);
+- the autodiff tape: the input ``Var``s; outputs are the inner engine's handles the gradient
+  rules read, and ``metas`` their metas.
+
+The compute peer, ``load_graph`` and a single op on the peer validate records with the same
+:func:`infer_record`.
 """
 
 from __future__ import annotations
@@ -16,12 +27,18 @@ from .table import OPS, REQUIRED, Meta, Op
 
 
 class OpRecord(NamedTuple):
-    """One op of a graph or a batch: row name, inputs (ids or literals), output ids, attributes."""
+    """One op instance: row name, inputs (references or literals), outputs, attributes, and the
+    outputs' metas where the record keeps them (see the module docstring)."""
 
     name: str
     inputs: tuple
     outputs: tuple
     attrs: dict
+    metas: tuple = ()
+
+    @property
+    def row(self) -> Op:
+        return OPS[self.name]
 
 
 LITERAL_METAS = {d.name: Meta((), d) for d in dt.ALL}  # a literal's meta, by its dtype name
@@ -48,20 +65,36 @@ def full_attrs(row: Op, attrs: dict) -> dict:
     return full
 
 
+def infer_record(name, in_metas: tuple, outputs: tuple, attrs: dict) -> tuple[Op, dict, tuple]:
+    """The row, canonical attributes and output metas of one record whose inputs have ``in_metas``.
+
+    Refused with ProtocolError: an unknown row, an unknown or missing attribute, an output count
+    the row does not give; the meta rule's own errors (shapes, dtypes, axes) propagate.
+    """
+    row = OPS.get(name) if type(name) is str else None
+    if row is None:
+        raise ProtocolError(f"unknown op {name!r}")
+    if attrs or row.attrs:
+        attrs = full_attrs(row, attrs)
+    attrs, out_metas = row.infer(in_metas, attrs)
+    if len(out_metas) != len(outputs):
+        raise ProtocolError(f"{name}: {len(outputs)} output ids for {len(out_metas)} outputs")
+    return row, attrs, out_metas
+
+
 def check_records(records, known: dict) -> list[tuple[Op, tuple, tuple, dict, tuple]]:
     """Validate ``records`` in order against the op table, re-running each meta rule from the metas
     of what it reads; ``known`` (node id → Meta: the inputs and constants) gains every output.
 
-    Refused with ProtocolError: an unknown row, a malformed literal, an unknown or missing
-    attribute, a read of a node nothing before produced, a node written twice, an output count
-    the row does not give; the meta rule's own errors (shapes, dtypes, axes) propagate. Returns
+    Refused with ProtocolError: what :func:`infer_record` refuses, a malformed record or literal,
+    a read of a node nothing before produced, a node written twice. Returns
     ``(row, inputs, outputs, canonical attrs, output metas)`` per record.
     """
     checked = []
-    for name, refs, outs, attrs in records:
-        row = OPS.get(name) if type(name) is str else None
-        if row is None:
-            raise ProtocolError(f"unknown op {name!r} in the graph")
+    for record in records:
+        if type(record) is not OpRecord and (type(record) is not tuple or len(record) != 4):
+            raise ProtocolError(f"a record is (name, inputs, outputs, attrs), got {record!r:.60}")
+        name, refs, outs, attrs = record[:4]
         if type(refs) is not tuple or type(outs) is not tuple or type(attrs) is not dict:
             raise ProtocolError(f"{name}: a record is (name, inputs, outputs, attrs)")
         in_metas = []
@@ -76,9 +109,7 @@ def check_records(records, known: dict) -> list[tuple[Op, tuple, tuple, dict, tu
         rewritten = [o for o in outs if type(o) is not int or o in known]
         if rewritten:
             raise ProtocolError(f"{name} writes node {rewritten[0]!r}, which is produced already (or not an id)")
-        attrs, out_metas = row.infer(tuple(in_metas), full_attrs(row, attrs))
-        if len(out_metas) != len(outs):
-            raise ProtocolError(f"{name}: {len(outs)} output ids for {len(out_metas)} outputs")
+        row, attrs, out_metas = infer_record(name, tuple(in_metas), outs, attrs)
         known.update(zip(outs, out_metas))
         checked.append((row, refs, outs, attrs, out_metas))
     return checked

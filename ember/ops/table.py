@@ -8,8 +8,8 @@ gradient rule. Engines, the wire and capture read rows generically; nothing else
 or dtypes. The example inputs the generated tests draw for each row live with the tests
 (tests/recipes/), not here.
 
-An op instance is plain data, an ``OpRecord`` (records.py): ``(op name, inputs, output ids,
-attributes)`` where attributes are None, bool, int, float, complex, str, DType or tuples of those.
+An op instance is an ``OpRecord`` (records.py), the one record every layer uses: ``(op name,
+inputs, outputs, attributes, output metas)`` where attributes are None, bool, int, float, complex, str, DType or tuples of those.
 """
 
 from __future__ import annotations

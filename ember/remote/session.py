@@ -23,8 +23,7 @@ from ..devices import LocalDevice
 from ..devices import device as as_device
 from ..engines.local import LocalEngine
 from ..errors import EmberError, HostDeviceError, ProtocolError
-from ..ops import OPS
-from ..ops.records import check_records, full_attrs, literal_meta
+from ..ops.records import check_records, infer_record, literal_meta
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
@@ -181,14 +180,10 @@ class Session:
         return [({"t": "reply", "m": replies}, segments)] if replies else []
 
     def _op(self, message) -> None:
-        _, name, inputs, outputs, attrs = message
+        _, name, inputs, outputs, attrs = message  # ("op", *record): ops/records.py
         if type(outputs) is not tuple or type(inputs) is not tuple or type(attrs) is not dict:
             raise ProtocolError("an op message is (name, inputs, outputs, attrs)")
         self.ops += 1
-        op = OPS.get(name) if type(name) is str else None
-        if op is None:
-            self._poison(outputs, "ProtocolError", f"unknown op {name!r}")
-            return
         tensors, known = self.tensors, self.metas
         handles, metas = [], []
         for ref in inputs:
@@ -211,16 +206,13 @@ class Session:
                 self._poison(outputs, "ExecutionError", f"{name}: unknown tensor id {ref!r} (dropped, or from another session)")
             return
         try:
-            if attrs or op.attrs:
-                attrs = full_attrs(op, attrs)
             metas = tuple(metas)
-            attrs, out_metas = op.infer(metas, attrs)
-            if len(out_metas) != len(outputs):
-                raise ProtocolError(f"{name}: {len(outputs)} output ids for {len(out_metas)} outputs")
+            op, attrs, out_metas = infer_record(name, metas, outputs, attrs)
             self._check_size(name, out_metas)
             values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
         except Exception as error:  # a peer never crashes on bad input: the outputs carry the error
-            self._poison(outputs, _error_kind(error), str(error) if str(error).startswith(name) else f"{name}: {error}")
+            text = str(error)
+            self._poison(outputs, _error_kind(error), text if text.startswith((str(name), "unknown op")) else f"{name}: {text}")
             return
         for tid, value, meta in zip(outputs, values, out_metas):
             if type(tid) is not int or tid < 0:
