@@ -183,3 +183,171 @@ def test_a_kernels_own_failure_is_an_execution_error_naming_the_op():
     _batch(session, ("op", "sum", (1,), (2,), {"dtype": "float64"}))  # a dtype name where a dtype belongs
     ((kind, rid, error, message),) = _replies(_batch(session, ("get", 3, 2)))
     assert (kind, rid, error) == ("error", 3, "ExecutionError") and message.startswith("sum: ")
+
+
+# --- graphs: registered once, run by number ---------------------------------------------------------------
+
+def _captured():
+    """y = inv(a) + c, c a constant: a graph with an input, a constant and a kernel that can fail."""
+    import ember as em
+    with em.capture() as cap:
+        a = cap.input((2, 2), em.float64, "a")
+        cap.output(em.linalg.inv(a) + em.asarray(np.array([1.0, 2.0]), device=cap.device), "y")
+    return cap.graph
+
+
+def _register(gid, graph, ops=None, outputs=None) -> tuple:
+    """The message registering ``graph`` as ``gid`` (its constants as segments 0…), as the client builds it."""
+    return ("graph", gid, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs),
+            tuple(i for _, i in graph.outputs) if outputs is None else outputs,
+            tuple(op[:4] for op in graph.ops) if ops is None else ops, tuple((i, k) for k, i in enumerate(graph.constants)))
+
+
+def test_a_registered_graph_runs_with_its_constants_and_counts_its_ops():
+    graph, session = _captured(), _open(_host())
+    a = np.array([[2.0, 0.0], [0.0, 4.0]])
+    replies = _batch(session, _register(7, graph), ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2),
+                     ("run", 7, (1,), (4,)), ("stats", 5), segments=[*graph.constants.values(), a])
+    ((header, (y,)),) = replies
+    np.testing.assert_array_equal(y, np.linalg.inv(a) + [1.0, 2.0])
+    assert header["m"][1] == ("stats", 5, {"session_tensors": 3, "session_bytes": 3 * 32, "session_ops": 4,
+                                           "sessions": 1, "live_tensors": 3})
+    assert session.metas[4] == session.metas[2] and np.array_equal(session.tensors[4], y)
+    # a kernel that fails inside a run poisons the run's outputs only, reported once
+    assert _batch(session, ("put", 5, 0), ("run", 7, (5,), (6,)), segments=[np.zeros((2, 2))]) == []
+    singular = ("ExecutionError", "inv: Singular matrix (inputs: (2, 2) float64)")
+    assert _replies(_batch(session, ("get", 8, 6), ("sync", 9), ("sync", 10), ("get", 11, 4))) == [
+        ("error", 8, *singular), ("error", 9, *singular), ("ok", 10), ("data", 11, 0)]
+    _batch(session, ("forget", 7), ("forget", 12345))  # forgetting an unknown graph is no error
+    assert _replies(_batch(session, ("run", 7, (1,), (13,)), ("get", 14, 13))) == [
+        ("error", 14, "ExecutionError", "run: unknown graph 7")]
+    session.close()
+    assert not session.graphs and not session.tensors and not session.metas
+
+
+@pytest.mark.parametrize("run, kind, message", [
+    ((7, (1, 1), (9,)), "ProtocolError", "run: graph 7 takes 1 inputs and gives 1 outputs; got 2 input ids and 1 output ids"),
+    ((7, (), (9,)), "ProtocolError", "run: graph 7 takes 1 inputs and gives 1 outputs; got 0 input ids and 1 output ids"),
+    ((7, (1,), (9, 10)), "ProtocolError", "run: graph 7 takes 1 inputs and gives 1 outputs; got 1 input ids and 2 output ids"),
+    ((7, (3,), (9,)), "ShapeError", "run: input 0 expects (2, 2) float64, got (3, 3) float64"),
+    ((7, (4,), (9,)), "ShapeError", "run: input 0 expects (2, 2) float64, got (2, 2) float32"),
+    ((7, (99,), (9,)), "ExecutionError", "run: unknown tensor id 99 (dropped, or from another session)"),
+    ((7, (5,), (9,)), "ExecutionError", "run: unknown tensor id 5 (dropped, or from another session)"),
+    ((8, (1,), (9,)), "ExecutionError", "run: unknown graph 8"),
+    ((7, (6,), (9,)), "ProtocolError", "unknown op 'no_such_op'"),  # a failed input: its own error travels on
+])
+def test_a_run_that_does_not_fit_its_graph_poisons_only_its_outputs(run, kind, message):
+    graph, session = _captured(), _open(_host())
+    tensors = {1: np.eye(2), 3: np.eye(3), 4: np.eye(2, dtype=np.float32), 5: np.eye(2)}
+    _batch(session, _register(7, graph), *(("put", i, k + 1) for k, i in enumerate(tensors)), ("drop", (5,)),
+           ("op", "no_such_op", (1,), (6,), {}), ("sync", 0), segments=[*graph.constants.values(), *tensors.values()])
+    # the run's own error is reported by the next sync; a failed input's was reported already (sync 0)
+    synced = ("ok", 30) if run[1] == (6,) else ("error", 30, kind, message)
+    assert _replies(_batch(session, ("run", *run), *(("get", 20 + k, o) for k, o in enumerate(run[2])),
+                           ("sync", 30), ("sync", 31))) == [
+        *(("error", 20 + k, kind, message) for k in range(len(run[2]))), synced, ("ok", 31)]
+    assert _replies(_batch(session, ("run", 7, (1,), (40,)), ("get", 41, 40)))[0] == ("data", 41, 0)  # it serves on
+
+
+INV, ADD = ("inv", (0,), (1,), {}), ("add", (1, 2), (3,), {})  # _captured()'s records
+
+
+@pytest.mark.parametrize("ops, outputs, kind, message", [
+    ((("no_such_op", (0,), (1,), {}), ADD), None, "ProtocolError", "unknown op 'no_such_op'"),
+    ((INV, ("add", (1, 9), (3,), {})), None, "ProtocolError", "add reads node 9, which nothing before it produced"),
+    ((INV, ("add", (1, 2), (0,), {})), (0,), "ProtocolError", "add writes node 0, which is produced already (or not an id)"),
+    ((INV, ("add", (1, 2), ("3",), {})), None, "ProtocolError", "add writes node '3', which is produced already (or not an id)"),
+    ((INV, ("add", (1, 2), (3, 4), {})), None, "ProtocolError", "add: 2 output ids for 1 outputs"),
+    ((INV, ("add", (1, 2), (3,), {"axis": 0})), None, "ProtocolError", "add: unknown attribute 'axis'"),
+    ((INV, ("tile", (1,), (3,), {})), None, "ProtocolError", "tile: the required attribute 'repetitions' is missing"),
+    ((INV, ("add", (1, (1.0, "float99")), (3,), {})), None, "ProtocolError", "add: malformed literal input (1.0, 'float99')"),
+    ((INV, ("add", (1, 2), (3,))), None, "ProtocolError",
+     "a record is (name, inputs, outputs, attrs), got ('add', (1, 2), (3,))"),
+    ((INV, ("add", [1, 2], (3,), {})), None, "ProtocolError", "add: a record is (name, inputs, outputs, attrs)"),
+    ((INV, ("reshape", (1,), (3,), {"shape": (3,)})), None, "ShapeError",
+     "reshape: cannot reshape array of size 4 into shape (3,)"),
+    ((INV, ("nonzero", (1,), (3, 4), {})), None, "ProtocolError", "nonzero: data-dependent shapes cannot be part of a graph"),
+    ((INV, ("tile", (1,), (3,), {"repetitions": (100, 100)})), None, "ProtocolError",
+     "tile: an output of shape (200, 200) float64 exceeds the peer's tensor limit of 65536 bytes"),
+    ((INV, ADD), (3, 8), "ProtocolError", "graph output 8 is not produced by the graph"),
+])
+def test_a_graph_the_table_refuses_is_refused_at_every_run_and_the_session_serves_on(ops, outputs, kind, message):
+    graph, session = _captured(), _open(_host())
+    _batch(session, _register(7, graph, ops, outputs), _register(8, graph), ("put", 1, 1),
+           segments=[*graph.constants.values(), np.eye(2)])
+    assert 7 in session.graphs  # refused graphs are kept with their error, so each run reports it
+    for rid in (10, 20):
+        replies = _replies(_batch(session, ("run", 7, (1,), (rid,) * len(outputs or (3,))), ("get", rid, rid),
+                                  ("sync", rid + 1)))
+        ((_, _, got_kind, got), synced) = replies
+        assert got_kind == kind and got.startswith(f"graph: {message}") and synced == ("error", rid + 1, kind, got)
+    assert _replies(_batch(session, ("run", 8, (1,), (30,)), ("get", 31, 30)))[0] == ("data", 31, 0)
+
+
+def test_a_failed_op_poisons_what_depends_on_it_and_is_reported_once():
+    session = _open(_host())
+    _batch(session, ("put", 1, 0), ("op", "no_such_op", (1,), (2, 3), {}), ("op", "negative", (2,), (4,), {}),
+           ("op", "negative", (1,), (5,), {}), ("op", "add", (5, 77), (6,), {}), segments=[np.arange(3.0)])
+    unknown = ("ProtocolError", "unknown op 'no_such_op'")
+    missing = ("ExecutionError", "add: unknown tensor id 77 (dropped, or from another session)")
+    assert _replies(_batch(session, ("get", 10, 3), ("get", 11, 4), ("shape", 12, (5, 4)), ("get", 13, 6),
+                           ("sync", 14), ("sync", 15), ("get", 16, 5))) == [
+        ("error", 10, *unknown), ("error", 11, *unknown), ("error", 12, *unknown), ("error", 13, *missing),
+        ("error", 14, *unknown), ("ok", 15), ("data", 16, 0)]
+    assert session.ops == 4 and 4 not in session.metas  # a failed output has no meta: it counts no bytes
+
+
+def test_defaults_fill_missing_attributes_and_data_dependent_shapes_are_read_on_demand():
+    session = _open(_host())
+    x = np.array([[1.0, 0.0], [0.0, 3.0]])
+    _batch(session, ("put", 1, 0), ("op", "sum", (1,), (2,), {}), ("op", "nonzero", (1,), (3, 4), {}),
+           ("op", "mean", (1,), (5,), {"axis": (1,)}), segments=[x])
+    (header, (total, mean)), = _batch(session, ("shape", 1, (2, 3, 4, 5)), ("get", 2, 2), ("get", 3, 5))
+    assert header["m"] == [("shapes", 1, ((), (2,), (2,), (2,))), ("data", 2, 0), ("data", 3, 1)]
+    assert total == 4.0 and np.array_equal(mean, [0.5, 1.5])
+    assert session.live_bytes() == x.nbytes + 8 + 2 * 8 + 2 * 8 + 16
+    _batch(session, ("drop", (1, 3, 999)))  # an unknown id is no error
+    assert sorted(session.tensors) == [2, 4, 5] and sorted(session.metas) == [2, 4, 5]
+    assert session.live_bytes() == 8 + 16 + 16
+
+
+def test_the_registry_counts_every_open_session_and_forgets_closed_ones():
+    host = _host()
+    first, second = _open(host), _open(host)
+    _batch(first, ("put", 1, 0), ("put", 2, 1), segments=[np.ones(2), np.ones(3)])
+    _batch(second, ("put", 1, 0), segments=[np.ones(2)])
+    assert host.registry.stats() == {"sessions": 2, "live_tensors": 3}
+    host.close(first)
+    assert host.registry.stats() == {"sessions": 1, "live_tensors": 1} and not first.tensors
+    assert _replies(_batch(second, ("get", 5, 1)))[0] == ("data", 5, 0)
+
+
+@pytest.mark.parametrize("token", ["s3cret", None])
+def test_a_host_without_a_token_opens_any_session_and_one_with_a_token_only_the_exact_one(token):
+    host = Host(hosted_devices("numpy"), token, Limits())
+    for presented in ["s3cret", "S3CRET", "s3cre", "s3crett", "", None, 5, b"s3cret"]:
+        header = {"t": "init", "v": wire.VERSION} | ({} if presented is None else {"token": presented})
+        session, ((reply, _),) = host.open(Frame(header, []), BufferPool())
+        opened = token is None or presented == token
+        assert (session is not None) is opened and reply["t"] == ("info" if opened else "refuse")
+
+
+@pytest.mark.parametrize("device, hosted", [("numpy", ["numpy"]), ("torch:cpu", ["torch:cpu"])])
+def test_a_peer_hosts_the_backend_it_is_given_without_autodiff(device, hosted):
+    pytest.importorskip("torch") if device.startswith("torch") else None
+    import ember as em
+    assert [str(d) for d in hosted_devices(device)] == hosted
+    assert [str(d) for d in hosted_devices(em.autodiff(device))] == hosted
+
+
+@pytest.mark.parametrize("device, refusal", [
+    ("capture", "cannot host a remote server on a capture device — capture records operations without executing them; "
+                "host the underlying backend instead (e.g. `numpy`)"),
+    ("ember://127.0.0.1:1/0", "cannot host a remote server on a remote device — run `ember serve` on the machine "
+                              "that owns the hardware"),
+])
+def test_devices_that_cannot_be_hosted_are_refused_saying_why(device, refusal):
+    from ember.errors import HostDeviceError
+    with pytest.raises(HostDeviceError) as refused:
+        hosted_devices(device)
+    assert str(refused.value) == refusal
