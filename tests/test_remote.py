@@ -531,22 +531,3 @@ def test_protocol_reader_on_byte_fixtures():
         wire.FrameReader(wire.Limits(max_tensor_bytes=4)).feed(data)
     with pytest.raises(em.ProtocolError, match="unknown msgpack extension"):
         wire.unpack(b"\xd4\x63\x00")
-
-
-def test_buffer_pool_reuses_only_unshared_buffers():
-    from ember.remote.session import BufferPool
-    pool = BufferPool(minimum=1024)
-    a = pool.allocate((64, 64), np.dtype(np.float32))
-    address = a.__array_interface__["data"][0]
-    view = a.reshape(-1)
-    pool.release(a)                      # a view still shares the memory: kept out of the pool
-    assert pool.total == 0
-    del view
-    pool.release(a)
-    assert pool.total == 64 * 64 * 4
-    del a
-    b = pool.allocate((32, 128), np.dtype(np.float32))   # same size: the buffer comes back
-    assert b.__array_interface__["data"][0] == address and pool.total == 0
-    small = pool.allocate((4,), np.dtype(np.float64))
-    pool.release(small)
-    assert pool.total == 0               # small tensors are not worth keeping

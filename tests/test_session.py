@@ -53,7 +53,7 @@ def test_handshake_opens_a_session_or_refuses_with_a_reason():
         refused, (reply,) = host.open(Frame({"t": "init", **header}, []), BufferPool())
         assert refused is None and reply[0]["t"] == "refuse" and reply[0]["kind"] == kind and reason in reply[0]["reason"]
         assert TOKEN not in reply[0]["reason"]
-    with pytest.raises(ProtocolError, match="the first frame must be an init"):
+    with pytest.raises(ProtocolError, match=r"^the first frame must be an init$"):
         host.open(Frame({"t": "batch", "m": ()}, []), BufferPool())
     assert len(host.registry.sessions) == 1
     host.close(session)
@@ -156,6 +156,12 @@ def test_each_refusal_says_exactly_why(header, kind, reason):
     (("op", "add", (1,)), "malformed 'op' message: not enough values to unpack (expected 5, got 3)"),
     (("op", "negative", (1,), (-1,), {}), "tensor ids are non-negative integers, got -1"),
     (("op", "negative", (1,), (True,), {}), "tensor ids are non-negative integers, got True"),
+    (("op", "no_such_op", (1,), (-1,), {}), "tensor ids are non-negative integers, got -1"),  # a failure's outputs too
+    (("op", "no_such_op", (1,), (False,), {}), "tensor ids are non-negative integers, got False"),
+    (("op", "negative", (1,), 2, {}), "an op message is (name, inputs, outputs, attrs)"),
+    (("op", "negative", 1, (2,), {}), "an op message is (name, inputs, outputs, attrs)"),
+    (("op", "negative", (1,), (2,), ()), "an op message is (name, inputs, outputs, attrs)"),
+    (("op", "add", (1, (1.0, "float99")), (2,), {}), "add: malformed literal input (1.0, 'float99')"),
 ])
 def test_a_malformed_message_is_refused_naming_it(message, refusal):
     session = _open(_host())
@@ -351,3 +357,154 @@ def test_devices_that_cannot_be_hosted_are_refused_saying_why(device, refusal):
     with pytest.raises(HostDeviceError) as refused:
         hosted_devices(device)
     assert str(refused.value) == refusal
+
+
+def test_a_backend_that_is_not_installed_cannot_be_hosted(monkeypatch):
+    import ember.backends
+    from ember.errors import HostDeviceError
+
+    def missing(name):
+        raise ImportError(f"No module named {name!r}")
+    monkeypatch.setattr(ember.backends, "backend_module", missing)
+    with pytest.raises(HostDeviceError) as refused:
+        hosted_devices("numpy")
+    assert str(refused.value) == "cannot host numpy: numpy is not installed (No module named 'numpy')"
+
+
+@pytest.mark.parametrize("name, hosted", [
+    ("numpy", ["numpy"]),
+    ("torch:cpu", ["torch:cpu"]),
+    ("torch:cuda:1", ["torch:cuda:0", "torch:cuda:1", "torch:cuda:10"]),  # one peer hosts every GPU
+    ("torch:cuda:0", ["torch:cuda:0", "torch:cuda:1", "torch:cuda:10"]),
+    ("torch:cuda:7", ["torch:cuda:0", "torch:cuda:1", "torch:cuda:10"]),  # what it asked for need not be listed
+    ("torch:mps", ["torch:mps"]),                                          # nothing of its kind listed: itself
+])
+def test_a_peer_hosts_every_device_of_the_kind_it_serves(name, hosted):
+    from ember.remote.session import same_kind
+    assert same_kind(name, ["torch:cpu", "torch:cuda:0", "torch:cuda:1", "torch:cuda:10", "torch:cudax", "numpy"]) == hosted
+
+
+def test_a_refusal_lists_every_hosted_device():
+    devices = hosted_devices("numpy") * 2
+    session, ((reply, _),) = Host(devices, None, Limits()).open(Frame({"t": "init", "v": wire.VERSION, "device": 2}, []),
+                                                                BufferPool())
+    assert session is None and reply["reason"] == "this peer hosts 2 device(s) (numpy, numpy); index 2 does not exist"
+
+
+def test_single_ops_take_literals_anywhere_unknown_references_fail_and_id_0_is_an_output():
+    session = _open(_host())
+    _batch(session, ("put", 1, 0), ("op", "subtract", ((10.0, "float64"), 1), (0,), {}),
+           ("op", "negative", ({"not": "an id"},), (2,), {}), ("op", "negative", ("1",), (3,), {}), segments=[np.arange(3.0)])
+    assert _replies(_batch(session, ("get", 4, 2), ("get", 5, 3))) == [
+        ("error", 4, "ExecutionError", "negative: unknown tensor id {'not': 'an id'} (dropped, or from another session)"),
+        ("error", 5, "ExecutionError", "negative: unknown tensor id '1' (dropped, or from another session)")]
+    (_, (out,)), = _batch(session, ("get", 6, 0))
+    np.testing.assert_array_equal(out, [10.0, 9.0, 8.0])
+    assert _replies(_batch(session, ("get", 7, {"not": "an id"}), ("shape", 8, ((1,),)))) == [
+        ("error", 7, "ExecutionError", "unknown tensor id {'not': 'an id'} (dropped, or from another session)"),
+        ("error", 8, "ExecutionError", "unknown tensor id (1,) (dropped, or from another session)")]
+
+
+def test_a_failure_written_over_a_tensor_takes_its_place_and_its_bytes():
+    session = _open(_host())
+    _batch(session, ("put", 1, 0), ("op", "negative", (1,), (2,), {}), segments=[np.ones(4)])
+    assert session.live_bytes() == 64
+    _batch(session, ("op", "no_such_op", (1,), (2,), {}))
+    assert session.live_bytes() == 32 and 2 not in session.metas
+    assert _replies(_batch(session, ("get", 3, 2)))[0] == ("error", 3, "ProtocolError", "unknown op 'no_such_op'")
+
+
+def test_an_output_exactly_at_the_tensor_limit_is_allowed_one_element_more_is_not():
+    session = _open(_host(Limits(max_tensor_bytes=1024)))
+    _batch(session, ("op", "full", (), (1,), {"shape": (128,), "fill_value": 1.0}),
+           ("op", "full", (), (2,), {"shape": (129,), "fill_value": 1.0}))
+    assert _replies(_batch(session, ("shape", 3, (1,)), ("get", 4, 2))) == [
+        ("shapes", 3, ((128,),)),
+        ("error", 4, "ProtocolError", "full: an output of shape (129,) float64 exceeds the peer's tensor limit of 1024 bytes")]
+
+
+def test_a_graph_whose_kernel_raises_an_ember_error_keeps_its_kind():
+    import ember as em
+    with em.capture() as cap:
+        x, i = cap.input((3,), em.float64, "x"), cap.input((2,), em.int64, "i")
+        cap.output(em.take(x, i), "y")
+    graph, session = cap.graph, _open(_host())
+    _batch(session, _register(7, graph), ("put", 1, 0), ("put", 2, 1), ("run", 7, (1, 2), (3,)),
+           segments=[np.arange(3.0), np.array([0, 5])])
+    ((kind, rid, error, message),) = _replies(_batch(session, ("get", 4, 3)))
+    assert (kind, rid, error) == ("error", 4, "IndexingError") and message.startswith("take: ")
+
+
+# --- the buffer pool: reference counts, so these cannot run under mutmut's trampolines (tools/mutation.py) ---
+
+def _address(array) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def test_buffer_pool_reuses_only_unshared_buffers():
+    pool = BufferPool(minimum=1024)
+    a = pool.allocate((64, 64), np.dtype(np.float32))
+    address = _address(a)
+    view = a.reshape(-1)
+    pool.release(a)                      # a view still shares the memory: kept out of the pool
+    assert pool.total == 0
+    del view
+    alias = a
+    pool.release(a)                      # so does another reference to the same array (another tensor id's)
+    assert pool.total == 0
+    del alias
+    pool.release(a)
+    assert pool.total == 64 * 64 * 4 and pool.free == {64 * 64 * 4: [a.base]}
+    del a
+    b = pool.allocate((32, 128), np.dtype(np.float32))   # same size: the buffer comes back
+    assert _address(b) == address and pool.total == 0 and pool.free == {64 * 64 * 4: []}
+    c = pool.allocate((32, 128), np.dtype(np.float32))   # the pool is empty again: a fresh buffer
+    assert _address(c) != address and c.base.dtype == np.uint8
+
+
+def test_buffer_pool_keeps_buffers_from_its_minimum_up_to_its_capacity():
+    pool = BufferPool(capacity=3072, minimum=1024)
+    small = pool.allocate((1023,), np.dtype(np.uint8))
+    assert small.base is None  # below the minimum: a plain array, never pooled
+    pool.release(small)
+    at_minimum = pool.allocate((128,), np.dtype(np.float64))
+    pool.release(at_minimum)
+    assert pool.total == 1024
+    del at_minimum
+    big = pool.allocate((256,), np.dtype(np.float64))
+    pool.release(big)
+    assert pool.total == 3072 and sorted(pool.free) == [1024, 2048]  # exactly at capacity
+    del big
+    over = pool.allocate((128,), np.dtype(np.float64))
+    assert pool.total == 2048  # the kept 1 KiB buffer came back
+    pool.release(over)
+    one_more = pool.allocate((129,), np.dtype(np.float64))
+    pool.release(one_more)
+    assert pool.total == 3072  # a buffer past the capacity is let go
+    assert pool.total == 3072 and sorted(pool.free) == [1024, 2048]
+
+
+def test_buffer_pool_keeps_only_views_of_one_dimensional_byte_buffers():
+    pool = BufferPool(minimum=1024)
+    # each released as a temporary, so only its shape decides (not another reference)
+    pool.release(np.ones(4096, np.uint8))                 # owns its memory: not from a frame
+    pool.release(np.ones(1024)[:])                        # a view of a float64 buffer
+    pool.release(np.ones((64, 64), np.uint8)[:, :32])     # a view of a 2-d buffer
+    pool.release(np.zeros((32, 64), np.uint8).view(np.int16)[:])
+    pool.release(np.ones(2048, np.uint8)[:1024].view(np.float64))  # a 1-d byte buffer: kept
+    assert pool.total == 2048 and list(pool.free) == [2048]
+
+
+def test_a_dropped_tensor_gives_its_buffer_back_once_nothing_shares_it():
+    session = _open(_host(Limits(max_tensor_bytes=1 << 20)))
+    pool = session.pool
+    received = pool.allocate((1 << 17,), np.dtype(np.float64))  # as the frame reader receives a 1 MiB tensor
+    address = _address(received)
+    _batch(session, ("put", 1, 0), ("op", "reshape", (1,), (2,), {"shape": (256, 512)}), segments=[received])
+    del received
+    _batch(session, ("drop", (1,)))
+    assert pool.total == 0  # the reshaped view still uses the memory
+    _batch(session, ("drop", (2,)))
+    assert pool.total == 1 << 20
+    again = pool.allocate((1 << 18,), np.dtype(np.float32))
+    assert _address(again) == address

@@ -47,16 +47,22 @@ def hosted_devices(device) -> list[LocalDevice]:
     of that kind: ``torch:cuda:1`` hosts every CUDA device.
     """
     target = as_device(device).inner()
-    refusal = HOSTING_REFUSALS.get(target.kind, f"cannot host a remote server on a {target.kind} device")
+    refusal = HOSTING_REFUSALS[target.kind]
     if refusal:
         raise HostDeviceError(refusal)
     from ..backends import backend_module
-    family = str(target).rsplit(":", 1)[0] if str(target).startswith("torch:cuda") else str(target)
     try:
         names = backend_module(target.backend_name).devices()
     except ImportError as error:
         raise HostDeviceError(f"cannot host {target}: {target.backend_name} is not installed ({error})") from None
-    return [as_device(n) for n in names if n == family or n.startswith(family + ":")] or [target]
+    return [as_device(n) for n in same_kind(str(target), names)]
+
+
+def same_kind(name: str, names: list[str]) -> list[str]:
+    """The devices among ``names`` that a peer serving device ``name`` hosts: every CUDA device
+    for one of them, else ``name`` alone."""
+    family = name.rsplit(":", 1)[0] if name.startswith("torch:cuda") else name
+    return [n for n in names if n == family or n.startswith(family + ":")] or [name]
 
 
 class BufferPool:
@@ -302,7 +308,7 @@ class Session:
             plan = self.engine.compile(records, [tid for tid, _, _ in inputs], values, outputs)
         except Exception as failure:
             error = Poison(_error_kind(failure), f"graph: {failure}")
-        input_metas = tuple((tid, known[tid]) for tid, _, _ in inputs) if error is None else ()
+        input_metas = tuple((tid, known[tid]) for tid, _, _ in inputs)
         self.graphs[gid] = (input_metas, tuple(outputs), plan, {o: known.get(o) for o in outputs}, error)
 
     def _run(self, body, frame_segments, replies, segments) -> None:
