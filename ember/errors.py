@@ -9,12 +9,14 @@ Python user would catch for that situation, so ``except ValueError`` keeps worki
     ├── AxisError         (ValueError, IndexError)   an axis is out of range or repeated
     ├── IndexingError     (IndexError)   a bad index or key in ``x[key]``
     ├── ScalarOverflowError (OverflowError) a Python int does not fit the array's dtype
+    ├── ArgumentError     (ValueError)   a bad non-array argument (a count, a mode, a listen address …)
     ├── DeviceError       (ValueError)   a bad device string, or arrays on two devices in one op
     │   └── HostDeviceError              ``serve`` asked to host a device that cannot execute
     ├── NotSupportedError (NotImplementedError) a backend declares a gap for an operation
     ├── ExecutionError    (RuntimeError) a kernel failed on the data (e.g. a singular matrix)
     ├── ProtocolError     (ValueError)   a malformed, oversized or refused frame
     ├── AccessDenied      (PermissionError) a compute peer refused the token
+    │   └── TLSError                     TLS failed: an untrusted, expired or misnamed certificate, or a TLS mismatch
     ├── ConnectionLost    (ConnectionError) the peer or the connection went away
     └── CaptureError      (RuntimeError) misuse of a capture scope or a value it cannot know
         ├── ScopeActiveError             a scope opened while another is active in this thread
@@ -82,6 +84,11 @@ class ProtocolError(EmberError, ValueError):
 
 class AccessDenied(EmberError, PermissionError):
     """A compute peer refused the session's token."""
+
+
+class TLSError(AccessDenied):
+    """A TLS connection with a compute peer failed: its certificate is not trusted, has expired or
+    names another host, or one side speaks TLS and the other does not."""
 
 
 class ConnectionLost(EmberError, ConnectionError):
