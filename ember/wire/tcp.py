@@ -2,19 +2,23 @@
 
 Large tensor segments are received straight into their arrays (``recv_into``); small stages
 go through a scratch buffer so a small frame costs one system call. Sends are scatter-gather
-(``sendmsg``), so tensor bytes are never joined into one buffer.
+(``sendmsg``), so tensor bytes are never joined into one buffer. Over TLS, which has no
+``sendmsg``, small buffers are joined into one write and large ones written as they are.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 from collections import deque
 
 from ..errors import ConnectionLost
 from .protocol import Frame, FrameReader, Limits
+from .tls import wrap_client
 
 _DIRECT = 1 << 16  # receive regions at least this large go straight into their array
 _IOV_MAX = 512
+_JOIN = 1 << 16    # over TLS, buffers smaller than this are joined into one write (one record, not many)
 
 
 def tune(sock: socket.socket) -> None:
@@ -27,18 +31,21 @@ def tune(sock: socket.socket) -> None:
 
 
 class TcpConnection:
-    """Frames over a TCP socket, for either end."""
+    """Frames over a TCP socket, plain or TLS, for either end; ``received`` holds bytes of the
+    stream already read from the socket (a server telling TCP from WebSocket over TLS)."""
 
     transport = "tcp"
 
-    def __init__(self, sock: socket.socket, limits: Limits = Limits(), timeout: float | None = None, allocate=None):
+    def __init__(self, sock: socket.socket, limits: Limits = Limits(), timeout: float | None = None, allocate=None,
+                 received: bytes = b""):
         tune(sock)
         sock.settimeout(timeout)
         self.sock = sock
         self.reader = FrameReader(limits, allocate) if allocate else FrameReader(limits)
-        self._frames: deque[Frame] = deque()
+        self._frames: deque[Frame] = deque(self.reader.feed(received))
         self._scratch = bytearray(_DIRECT)
         self._closed = False
+        self._tls = isinstance(sock, ssl.SSLSocket)
 
     def set_limits(self, limits: Limits) -> None:
         self.reader.limits = limits
@@ -48,20 +55,37 @@ class TcpConnection:
         views = [memoryview(b).cast("B") for b in buffers]
         total = sum(v.nbytes for v in views)
         try:
-            while views:
-                sent = self.sock.sendmsg(views[:_IOV_MAX])
-                while sent:
-                    if sent >= views[0].nbytes:
-                        sent -= views[0].nbytes
-                        views.pop(0)
-                    else:
-                        views[0] = views[0][sent:]
-                        sent = 0
-                while views and not views[0].nbytes:
-                    views.pop(0)
+            (self._send_joined if self._tls else self._send_gathered)(views)
         except (OSError, ValueError) as error:
             raise ConnectionLost(f"connection lost while sending: {error}") from None
         return total
+
+    def _send_gathered(self, views: list) -> None:
+        while views:
+            sent = self.sock.sendmsg(views[:_IOV_MAX])
+            while sent:
+                if sent >= views[0].nbytes:
+                    sent -= views[0].nbytes
+                    views.pop(0)
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+            while views and not views[0].nbytes:
+                views.pop(0)
+
+    def _send_joined(self, views: list) -> None:
+        """An SSLSocket has no ``sendmsg``: runs of small buffers are joined, large ones sent as they are."""
+        small: list = []
+        for view in views:
+            if view.nbytes < _JOIN:
+                small.append(view)
+                continue
+            if small:
+                self.sock.sendall(b"".join(small))
+                small = []
+            self.sock.sendall(view)
+        if small:
+            self.sock.sendall(b"".join(small))
 
     def receive(self) -> Frame:
         """The next frame (blocking, within the socket's timeout)."""
@@ -93,10 +117,13 @@ class TcpConnection:
             self.sock.close()
 
 
-def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None) -> TcpConnection:
-    """A TCP frame connection to ``host:port``."""
+def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None,
+            tls: ssl.SSLContext | None = None) -> TcpConnection:
+    """A TCP frame connection to ``host:port``, inside TLS when given a client context."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as error:
         raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from None
+    if tls is not None:
+        sock = wrap_client(sock, tls, host, port, "embers")
     return TcpConnection(sock, limits, timeout)

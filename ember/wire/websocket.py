@@ -2,12 +2,13 @@
 
 It drives the ``websockets`` library's sans-I/O protocol objects over a blocking socket, so the
 server can take WebSocket clients on the same port as TCP ones (a request starting with
-``GET`` is a WebSocket upgrade).
+``GET`` is a WebSocket upgrade). Over TLS (``wss://``) the socket is wrapped before the upgrade.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 from collections import deque
 
 from websockets.client import ClientProtocol
@@ -20,6 +21,7 @@ from websockets.uri import parse_uri
 from ..errors import ConnectionLost, ProtocolError
 from .protocol import Frame, FrameReader, Limits
 from .tcp import tune
+from .tls import wrap_client
 
 _CHUNK = 4 << 20
 _FRAGMENT = 4 << 20
@@ -126,14 +128,19 @@ class WebSocketConnection:
 
 
 def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None,
-            path: str = "/") -> WebSocketConnection:
-    """A WebSocket frame connection to ``ws://host:port``."""
+            path: str = "/", tls: ssl.SSLContext | None = None) -> WebSocketConnection:
+    """A WebSocket frame connection to ``ws://host:port``, or ``wss://`` when given a TLS client context."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as error:
         raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from None
     tune(sock)
-    protocol = ClientProtocol(parse_uri(f"ws://{host}:{port}{path}"), max_size=limits.max_frame_bytes + limits.max_header_bytes)
+    scheme = "ws" if tls is None else "wss"
+    if tls is not None:
+        sock = wrap_client(sock, tls, host, port, scheme)
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    protocol = ClientProtocol(parse_uri(f"{scheme}://{authority}{path}"),
+                              max_size=limits.max_frame_bytes + limits.max_header_bytes)
     connection = WebSocketConnection(sock, protocol, limits)
     protocol.send_request(protocol.connect())
     connection._flush()
@@ -145,9 +152,12 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
                 return connection
 
 
-def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None) -> WebSocketConnection:
-    """Complete the WebSocket opening handshake of an accepted socket."""
+def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None, received: bytes = b"") -> WebSocketConnection:
+    """Complete the WebSocket opening handshake of an accepted socket; ``received`` holds the
+    request's first bytes when they were already read from the socket."""
     protocol = ServerProtocol(max_size=limits.max_frame_bytes + limits.max_header_bytes)
+    if received:
+        protocol.receive_data(received)
     connection = WebSocketConnection(sock, protocol, limits, allocate)
     while True:
         for event in connection._pump():
