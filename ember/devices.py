@@ -4,10 +4,16 @@
     torch:cpu, torch:cuda[:N]     PyTorch; ``torch`` means torch:cpu, ``torch:cuda`` torch:cuda:0
     ember://[token@]host:port/N   device N of a compute peer, over TCP
     ws://[token@]host:port/N      the same peer protocol over WebSocket
+    embers://…, wss://…           the same over TLS (a peer started with --tls-cert and --tls-key)
     capture                       records operations without executing them
 
-Devices compare by hardware: ``autodiff(d) == d``, and ``ws://`` and ``ember://`` addresses of
-one peer's device are one device. The engine is created on first use.
+Devices compare by hardware: ``autodiff(d) == d``, and the ``ember://``, ``ws://``, ``embers://``
+and ``wss://`` addresses of one peer's device are one device. The engine is created on first use.
+
+A TLS device trusts the CA certificates of ``device(spec, tls_ca=FILE)``, else of the file named
+by ``EMBER_TLS_CA``, else the system's store. Like ``EMBER_TOKEN``, the variable is read when a
+device string is first parsed: the CA file is part of the shared device object, so one address
+with two CA files gives two devices (two sessions) that still compare equal.
 """
 
 from __future__ import annotations
@@ -107,14 +113,21 @@ class LocalDevice(Device):
 
 
 class RemoteDevice(Device):
-    """Device ``index`` of a compute peer reached over ``ember://`` (TCP) or ``ws://``."""
+    """Device ``index`` of a compute peer reached over ``ember://`` (TCP) or ``ws://``, or over
+    TLS with ``embers://`` or ``wss://``, trusting the CA certificates in ``tls_ca`` (a PEM file)
+    or else the system's."""
 
-    __slots__ = ("scheme", "host", "port", "index", "token")
+    __slots__ = ("scheme", "host", "port", "index", "token", "tls_ca")
     kind = "remote"
 
-    def __init__(self, scheme: str, host: str, port: int, index: int, token: str | None):
+    def __init__(self, scheme: str, host: str, port: int, index: int, token: str | None, tls_ca: str | None = None):
         super().__init__()
-        self.scheme, self.host, self.port, self.index, self.token = scheme, host, port, index, token
+        self.scheme, self.host, self.port, self.index, self.token, self.tls_ca = scheme, host, port, index, token, tls_ca
+
+    @property
+    def tls(self) -> bool:
+        """Whether the connection is wrapped in TLS (``embers://``, ``wss://``)."""
+        return self.scheme in ("embers", "wss")
 
     def _make_engine(self):
         from .engines.remote import connect  # the remote engine picks the framing for its scheme
@@ -185,31 +198,43 @@ _DEVICES_LOCK = threading.Lock()
 DEFAULT_PORT = 7878
 
 
-def device(spec: str | Device | None = None) -> Device:
+def device(spec: str | Device | None = None, *, tls_ca: str | os.PathLike | None = None) -> Device:
     """The device named by ``spec`` (see the module docstring); ``None`` gives the default.
+    ``tls_ca`` is a PEM file of the CA certificates an ``embers://`` or ``wss://`` device trusts.
 
     Devices are shared: ``device("numpy") is device("numpy")``.
     """
-    if spec is None:
+    if spec is None and tls_ca is None:
         return default_device()
-    if isinstance(spec, Device):
+    if isinstance(spec, Device) and tls_ca is None:
         return spec
     if not isinstance(spec, str):
-        raise DeviceError(f"expected a device or a device string, got {spec!r}")
+        raise _tls_ca_misplaced(spec) if tls_ca else DeviceError(f"expected a device or a device string, got {spec!r}")
+    if tls_ca is not None:
+        tls_ca = os.path.abspath(tls_ca)  # the file, wherever the program changes directory to later
+    key = spec if tls_ca is None else (spec, tls_ca)
     try:
-        return _DEVICES[spec]
+        return _DEVICES[key]
     except KeyError:
         pass
-    parsed = _parse(spec)
+    parsed = _parse(spec, tls_ca)
+    if tls_ca is not None and not (isinstance(parsed, RemoteDevice) and parsed.tls):
+        raise _tls_ca_misplaced(spec)
     with _DEVICES_LOCK:
-        return _DEVICES.setdefault(spec, _DEVICES.setdefault(_canonical(parsed), parsed))
+        return _DEVICES.setdefault(key, _DEVICES.setdefault(_canonical(parsed), parsed))
+
+
+def _tls_ca_misplaced(spec) -> DeviceError:
+    return DeviceError(f"tls_ca applies to TLS device strings (embers://, wss://), not {spec!r}")
 
 
 def _canonical(d: Device) -> str:
-    return str(d) if not isinstance(d, RemoteDevice) else f"{d.scheme}://{d.token or ''}@{_host_port(d.host, d.port)}/{d.index}"
+    if not isinstance(d, RemoteDevice):
+        return str(d)
+    return f"{d.scheme}://{d.token or ''}@{_host_port(d.host, d.port)}/{d.index}" + (f" {d.tls_ca}" if d.tls_ca else "")
 
 
-def _parse(spec: str) -> Device:
+def _parse(spec: str, tls_ca: str | None = None) -> Device:
     text = spec.strip()
     if text == "numpy":
         return LocalDevice("numpy", "numpy")
@@ -226,26 +251,29 @@ def _parse(spec: str) -> Device:
                 return LocalDevice("torch", f"torch:cuda:{int(index)}")
         raise DeviceError(f"bad torch device {spec!r}: expected torch:cpu, torch:cuda or torch:cuda:N")
     if "://" in text:
-        return _parse_remote(spec, text)
+        return _parse_remote(spec, text, tls_ca)
     raise DeviceError(f"unknown device {spec!r}: expected numpy, torch:cpu, torch:cuda:N, capture, "
-                      f"ember://host:port/N or ws://host:port/N")
+                      f"ember://host:port/N or ws://host:port/N (embers:// or wss:// over TLS)")
 
 
-def _parse_remote(spec: str, text: str) -> RemoteDevice:
+def _parse_remote(spec: str, text: str, tls_ca: str | None) -> RemoteDevice:
     try:
         url = urlsplit(text)
         host, port = url.hostname, url.port or DEFAULT_PORT
     except ValueError as error:
         raise DeviceError(f"bad remote device {spec!r}: {error}") from None
-    if url.scheme not in ("ember", "ws"):
-        raise DeviceError(f"bad remote device {spec!r}: the scheme must be ember:// (TCP) or ws:// (WebSocket)")
+    if url.scheme not in ("ember", "ws", "embers", "wss"):
+        raise DeviceError(f"bad remote device {spec!r}: the scheme must be ember:// (TCP) or ws:// (WebSocket), "
+                          f"or embers:// or wss:// over TLS")
     if not host:
         raise DeviceError(f"bad remote device {spec!r}: no host")
     path = url.path.strip("/") or "0"
     if not path.isdigit():
         raise DeviceError(f"bad remote device {spec!r}: the path must be a device index like /0")
     token = unquote(url.username) if url.username else os.environ.get("EMBER_TOKEN") or None
-    return RemoteDevice(url.scheme, host, port, int(path), token)
+    if url.scheme in ("embers", "wss") and tls_ca is None and os.environ.get("EMBER_TLS_CA"):
+        tls_ca = os.path.abspath(os.environ["EMBER_TLS_CA"])
+    return RemoteDevice(url.scheme, host, port, int(path), token, tls_ca)
 
 
 def default_device() -> Device:

@@ -19,7 +19,7 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError
+from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError, TLSError
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Limits
@@ -265,10 +265,11 @@ class RemoteEngine(Engine):
 
 def connect(device) -> RemoteEngine:
     """Open a session with the peer of ``device`` (a RemoteDevice) and return its engine."""
-    from ..wire import tcp, websocket
+    from ..wire import tcp, tls, websocket
     limits = Limits()
-    module = websocket if device.scheme == "ws" else tcp
-    connection = module.connect(device.host, device.port, limits, timeout=DEFAULT_TIMEOUT)
+    module = websocket if device.scheme in ("ws", "wss") else tcp
+    context = tls.client_context(device.tls_ca) if device.tls else None
+    connection = module.connect(device.host, device.port, limits, timeout=DEFAULT_TIMEOUT, tls=context)
     connection.send(wire.encode_frame({"t": "init", "v": wire.VERSION, "session": uuid.uuid4().hex,
                                        "device": device.index, "token": device.token}))
     try:
@@ -280,7 +281,8 @@ def connect(device) -> RemoteEngine:
     if kind != "info":
         connection.close()
         reason = header.get("reason", f"unexpected reply {kind!r}")
-        error = {"AccessDenied": AccessDenied, "DeviceError": DeviceError}.get(header.get("kind"), ProtocolError)
+        error = {"AccessDenied": AccessDenied, "TLSError": TLSError, "DeviceError": DeviceError}.get(header.get("kind"),
+                                                                                                    ProtocolError)
         raise error(f"{device} refused the session: {reason}")
     connection.set_limits(Limits.from_dict(header.get("limits", {})))
     return RemoteEngine(device, connection, header)
