@@ -1,6 +1,6 @@
 """Layer 8 — the ``ember`` command line.
 
-    ember serve --device D --listen HOST:PORT [--token-file F] [--insecure]
+    ember serve --device D --listen HOST:PORT [--token-file F] [--tls-cert F --tls-key F] [--insecure]
                                    host D's backend as a compute peer
     ember demo                     the whole job in one command: peer, remote, training, capture
     ember devices [PEER]           list the local devices (or a compute peer's)
@@ -56,7 +56,8 @@ def _serve(args) -> int:
             return 2
     limits = Limits(max_tensor_bytes=args.max_tensor_bytes) if args.max_tensor_bytes else Limits()
     try:
-        server = Server(args.device, args.listen, token=token, insecure=args.insecure, limits=limits)
+        server = Server(args.device, args.listen, token=token, insecure=args.insecure, limits=limits,
+                        tls_cert=args.tls_cert, tls_key=args.tls_key)
         server.start()
     except (EmberError, OSError) as error:
         print(f"ember serve: {error}", file=sys.stderr)
@@ -65,8 +66,10 @@ def _serve(args) -> int:
     import signal
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     names = ", ".join(str(d) for d in server.devices)
+    guards = " and ".join(what for what, on in (("TLS", server.tls), ("a token", token)) if on)
+    tcp, ws = ("embers", "wss") if server.tls else ("ember", "ws")
     print(f"ember serve: hosting {names} ({server.backend_name}); listening on {server.address}"
-          f"{' with a token' if token else ''} — ember://{server.address}/0 or ws://{server.address}/0", flush=True)
+          f"{' with ' + guards if guards else ''} — {tcp}://{server.address}/0 or {ws}://{server.address}/0", flush=True)
     server.serve_forever()
     return 0
 
@@ -118,12 +121,15 @@ def parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="host a local backend as a compute peer",
                                 description="Host every device of a local backend for remote clients "
-                                            "(ember://HOST:PORT/N over TCP, ws://HOST:PORT/N over WebSocket, one port). "
-                                            "Blocks until Ctrl-C.")
+                                            "(ember://HOST:PORT/N over TCP, ws://HOST:PORT/N over WebSocket, one port; "
+                                            "embers:// and wss:// with --tls-cert and --tls-key). A non-loopback address "
+                                            "needs TLS and a token unless --insecure. Blocks until Ctrl-C.")
     serve.add_argument("--device", default="numpy", help="the backend to host: numpy, torch:cpu, torch:cuda (default numpy)")
     serve.add_argument("--listen", default="127.0.0.1:7878", help="HOST:PORT to listen on (port 0 picks a free one)")
     serve.add_argument("--token-file", help="a file holding the token clients must present")
-    serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without a token")
+    serve.add_argument("--tls-cert", metavar="FILE", help="serve only TLS (embers://, wss://) with this certificate chain (PEM)")
+    serve.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without TLS or a token")
     serve.add_argument("--max-tensor-bytes", type=int, help="refuse tensors larger than this (default 4 GiB)")
     serve.set_defaults(run=_serve)
 

@@ -1,8 +1,9 @@
 """Compute peers: ``serve`` / ``Server`` host the local devices of one backend.
 
-The I/O shell: it listens, tells TCP from WebSocket clients on one port, and moves frames
-between sockets and the sans-I/O :class:`~ember.remote.session.Host` (the handshake) and
-:class:`~ember.remote.session.Session` (one per connection, its own table of tensors).
+The I/O shell: it listens, completes TLS when it serves it, tells TCP from WebSocket clients
+on one port, and moves frames between sockets and the sans-I/O
+:class:`~ember.remote.session.Host` (the handshake) and :class:`~ember.remote.session.Session`
+(one per connection, its own table of tensors).
 """
 
 from __future__ import annotations
@@ -10,16 +11,20 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import ssl
 import threading
 
 from ..errors import ArgumentError, EmberError, ProtocolError
 from ..wire import protocol as wire
 from ..wire.protocol import Limits
 from ..wire.tcp import TcpConnection
+from ..wire.tls import HANDSHAKE_RECORD, server_context
 from ..wire.websocket import accept as accept_websocket
 from .session import BufferPool, Host, hosted_devices
 
 log = logging.getLogger("ember.serve")
+
+HANDSHAKE_SECONDS = 10  # a connection's TLS handshake and init frame must arrive within this
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:
@@ -42,17 +47,27 @@ class Server:
     """A compute peer serving ``device``'s backend on ``listen`` ("HOST:PORT"; port 0 picks one).
 
     ``start()`` returns once the socket listens; ``address`` is then "host:port"; ``stop()``
-    closes every session. A non-loopback address needs a ``token`` unless ``insecure=True``.
-    Hosting is validated before any socket is bound.
+    closes every session. With ``tls_cert`` and ``tls_key`` (PEM files) every connection must
+    use TLS (``embers://``, ``wss://``). A non-loopback address needs TLS and a ``token``
+    unless ``insecure=True``. Everything is validated before any socket is bound.
     """
 
     def __init__(self, device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None,
-                 insecure: bool = False, limits: Limits = Limits(), timeout: float | None = None):
+                 insecure: bool = False, limits: Limits = Limits(), timeout: float | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None):
         devices = hosted_devices(device)
         self.host, self.port = _parse_listen(listen)
-        if not is_loopback(self.host) and not token and not insecure:
-            raise ArgumentError(f"refusing to listen on {listen} without a token: anyone who reaches it could use this "
-                                f"machine's devices; pass a token (--token-file) or insecure=True (--insecure)")
+        if bool(tls_cert) != bool(tls_key):
+            raise ArgumentError("TLS needs a certificate and its private key: pass both --tls-cert FILE and "
+                                "--tls-key FILE (tls_cert=, tls_key=)")
+        self.tls = server_context(tls_cert, tls_key) if tls_cert else None
+        missing = [(what, how) for what, how, present in (
+            ("TLS", "--tls-cert FILE --tls-key FILE (tls_cert=, tls_key=)", self.tls),
+            ("a token", "--token-file FILE (token=)", token)) if not present]
+        if missing and not insecure and not is_loopback(self.host):
+            raise ArgumentError(f"refusing to listen on {listen} without {' or '.join(w for w, _ in missing)}: anyone who "
+                                f"reaches it could use this machine's devices or read their traffic; pass "
+                                f"{' and '.join(h for _, h in missing)}, or --insecure (insecure=True)")
         self.limits = limits
         self.timeout = timeout
         self.hosting = Host(devices, token or None, limits)
@@ -139,23 +154,46 @@ class Server:
                 self._threads.add(thread)
             thread.start()
 
+    def _open(self, sock: socket.socket, pool: BufferPool):
+        """The frame connection of an accepted socket, on its own thread: TLS first (when served and
+        when the client starts it), then TCP or WebSocket by the first bytes. Also whether the client
+        skipped the TLS this peer requires."""
+        first = sock.recv(4, socket.MSG_PEEK)
+        received = b""
+        tls = self.tls is not None and first[:1] == HANDSHAKE_RECORD
+        try:
+            if tls:
+                sock = self.tls.wrap_socket(sock, server_side=True)  # the handshake, within the socket's timeout
+                first = received = _receive_exactly(sock, 4)  # an SSLSocket cannot peek: these bytes are handed on
+            if first == b"GET ":
+                connection = accept_websocket(sock, self.limits, pool.allocate, received)
+            else:
+                connection = TcpConnection(sock, self.limits, HANDSHAKE_SECONDS, pool.allocate, received)
+        except BaseException:
+            sock.close()
+            raise
+        return connection, self.tls is not None and not tls
+
     def _serve_connection(self, sock: socket.socket) -> None:
         connection = None
         session = None
         try:
-            sock.settimeout(10)  # the handshake must come promptly
-            first = sock.recv(4, socket.MSG_PEEK)
+            sock.settimeout(HANDSHAKE_SECONDS)
             pool = BufferPool()
-            connection = accept_websocket(sock, self.limits, pool.allocate) if first == b"GET " else \
-                TcpConnection(sock, self.limits, 10, pool.allocate)
+            connection, plain_on_tls = self._open(sock, pool)
             with self._lock:
                 self._connections.add(connection)
-            session, replies = self.hosting.open(connection.receive(), pool)
+            init = connection.receive()
+            if plain_on_tls:  # refused after its init frame is read, so the refusal is not lost to a reset
+                replies = [({"t": "refuse", "kind": "TLSError",
+                             "reason": "this peer requires TLS: connect with embers:// (TCP) or wss:// (WebSocket)"}, [])]
+            else:
+                session, replies = self.hosting.open(init, pool)
             for header, segments in replies:
                 connection.send(wire.encode_frame(header, segments))
             if session is None:
                 return
-            sock.settimeout(self.timeout)
+            connection.sock.settimeout(self.timeout)
             while True:
                 frame = connection.receive()
                 if frame.header.get("t") == "close":
@@ -169,6 +207,8 @@ class Server:
                     connection.send(wire.encode_frame({"t": "error", "kind": "ProtocolError", "reason": str(error)}))
                 except EmberError:
                     pass
+        except ssl.SSLError as error:  # a client that refused the certificate, or spoke something else
+            log.warning("closing a TLS connection: %s", error.reason or error)
         except (EmberError, OSError):
             pass  # the client went away
         except Exception:  # never let one session take the server down
@@ -186,11 +226,24 @@ class Server:
                 self._threads.discard(threading.current_thread())
 
 
-def serve(device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None, insecure: bool = False,
-          limits: Limits = Limits()) -> None:
-    """Host ``device``'s backend as a compute peer on ``listen``; blocks until Ctrl-C.
+def _receive_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break  # the client left: the connection's first read reports it
+        data += chunk
+    return data
 
-    Raises HostDeviceError (before binding anything) for a capture or remote device.
+
+def serve(device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None, insecure: bool = False,
+          limits: Limits = Limits(), tls_cert: str | None = None, tls_key: str | None = None) -> None:
+    """Host ``device``'s backend as a compute peer on ``listen``; blocks until Ctrl-C. With
+    ``tls_cert`` and ``tls_key`` (PEM files) it speaks only TLS.
+
+    Raises HostDeviceError (before binding anything) for a capture or remote device, and
+    ArgumentError for a TLS or listening setup it refuses (see :class:`Server`).
     """
-    Server(device, listen, token=token, insecure=insecure, limits=limits).serve_forever()
+    Server(device, listen, token=token, insecure=insecure, limits=limits, tls_cert=tls_cert,
+           tls_key=tls_key).serve_forever()
 
