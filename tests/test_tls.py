@@ -1,0 +1,280 @@
+"""TLS on both transports: real ``ember serve`` peers on 127.0.0.1 with certificates from a
+throwaway CA (trustme), which the system's store does not trust."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trustme
+
+import ember as em
+
+from .peers import Peer
+from .test_remote import free_port, nothing_listens
+
+TLS_SCHEMES = ["embers", "wss"]
+TOKEN = "s3cret"
+PROMPT = 5  # seconds: a refusal must come long before any timeout
+
+
+@dataclass
+class Certificate:
+    cert: str
+    key: str
+
+    def serve_args(self) -> tuple[str, ...]:
+        return ("--tls-cert", self.cert, "--tls-key", self.key)
+
+
+@dataclass
+class Pki:
+    ca: str              # the CA's certificate (PEM): what clients must be given
+    local: Certificate   # for 127.0.0.1 and localhost
+    elsewhere: Certificate  # for example.org only
+    expired: Certificate  # for 127.0.0.1, expired a year ago
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory) -> Pki:
+    folder = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(folder / "ca.pem")
+
+    def issue(name: str, *identities: str, **validity) -> Certificate:
+        leaf = ca.issue_cert(*identities, **validity)
+        for k, blob in enumerate(leaf.cert_chain_pems):
+            blob.write_to_path(folder / f"{name}.pem", append=k > 0)
+        leaf.private_key_pem.write_to_path(folder / f"{name}.key")
+        return Certificate(str(folder / f"{name}.pem"), str(folder / f"{name}.key"))
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return Pki(str(folder / "ca.pem"), issue("local", "127.0.0.1", "localhost"), issue("elsewhere", "example.org"),
+               issue("expired", "127.0.0.1", not_before=now - datetime.timedelta(days=730),
+                     not_after=now - datetime.timedelta(days=365)))
+
+
+@pytest.fixture(scope="module")
+def tls_peer(pki):
+    with Peer(*pki.local.serve_args()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def guarded_tls_peer(pki, tmp_path_factory):
+    token_file = tmp_path_factory.mktemp("token") / "token"
+    token_file.write_text(TOKEN + "\n")
+    with Peer(*pki.local.serve_args(), "--token-file", str(token_file)) as running:
+        yield running
+
+
+@pytest.fixture(params=TLS_SCHEMES)
+def scheme(request, monkeypatch):
+    monkeypatch.delenv("EMBER_TLS_CA", raising=False)
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def elsewhere_peer(pki):
+    """A peer whose certificate names example.org only."""
+    with Peer(*pki.elsewhere.serve_args()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def expired_peer(pki):
+    with Peer(*pki.expired.serve_args()) as running:
+        yield running
+
+
+def _port(peer) -> int:
+    return int(peer.address.rsplit(":", 1)[1])
+
+
+# --- TLS peers at work -----------------------------------------------------------------------------
+
+def test_a_computation_over_tls(tls_peer, pki, scheme):
+    assert "with TLS" in tls_peer.output[0] and f"embers://{tls_peer.address}/0" in tls_peer.output[0]
+    d = em.device(tls_peer.url(scheme), tls_ca=pki.ca)
+    host = np.arange(6.0).reshape(2, 3)
+    x = em.asarray(host, device=d)
+    np.testing.assert_allclose(em.asnumpy(em.tanh(x @ x.mT / 50) + 1), np.tanh(host @ host.T / 50) + 1)
+    with pytest.raises(em.ExecutionError, match="^inv: Singular matrix"):
+        em.asnumpy(em.linalg.inv(em.zeros((2, 2), device=d)))
+
+
+def test_large_tensors_travel_both_ways_over_tls(tls_peer, pki, scheme):
+    d = em.device(tls_peer.url(scheme), tls_ca=pki.ca)
+    host = np.random.default_rng(7).random(64 << 18, dtype=np.float32)  # 64 MiB
+    x = em.asarray(host, device=d)
+    back = em.asnumpy(x - 1)
+    np.testing.assert_array_equal(back, host - 1)
+    assert em.stats(d)["bytes_down"] >= host.nbytes
+
+
+def test_an_in_process_server_serves_tls(pki, scheme):
+    with em.Server("numpy", "127.0.0.1:0", tls_cert=pki.local.cert, tls_key=pki.local.key) as server:
+        d = em.device(f"{scheme}://{server.address}/0", tls_ca=pki.ca)
+        assert float(em.sum(em.arange(5, device=d))) == 10.0
+        d.engine.close()
+
+
+def test_the_token_travels_inside_tls(guarded_tls_peer, pki, scheme):
+    d = em.device(guarded_tls_peer.url(scheme, token=TOKEN), tls_ca=pki.ca)
+    assert float(em.sum(em.ones(3, device=d))) == 3.0
+    with pytest.raises(em.AccessDenied, match="bad or missing token") as refused:
+        em.ones(1, device=em.device(guarded_tls_peer.url(scheme, token="wrong"), tls_ca=pki.ca))
+    assert type(refused.value) is em.AccessDenied  # TLS succeeded: only the token was refused
+
+
+def test_a_tls_peer_stops_at_once_with_sessions_open(pki):
+    with Peer(*pki.local.serve_args()) as stopping:
+        devices = [em.device(stopping.url(scheme), tls_ca=pki.ca) for scheme in TLS_SCHEMES]
+        assert [float(em.sum(em.ones(2, device=d))) for d in devices] == [2.0, 2.0]
+        start = time.monotonic()
+        stopping.stop()
+        assert stopping.process.returncode == 0 and time.monotonic() - start < 3  # SIGTERM sufficed: no SIGKILL
+        with pytest.raises(em.ConnectionLost):
+            em.asnumpy(em.ones(2, device=devices[0]) + 1)
+
+
+# --- certificates the client refuses ---------------------------------------------------------------
+
+def test_an_unknown_ca_is_refused_and_named(tls_peer, scheme):
+    with pytest.raises(em.TLSError) as refused:
+        em.ones(1, device=em.device(tls_peer.url(scheme, token=TOKEN)))  # the system's store: trustme is unknown to it
+    message = str(refused.value)
+    assert message.startswith(f"{scheme}://{tls_peer.address}: the peer's certificate is not trusted "
+                              f"(self-signed or unknown CA)")
+    assert "EMBER_TLS_CA=FILE" in message and "tls_ca=FILE" in message
+    assert TOKEN not in message
+    assert isinstance(refused.value, em.AccessDenied) and isinstance(refused.value, PermissionError)
+
+
+def test_the_ca_comes_from_the_environment(tls_peer, pki, scheme, monkeypatch):
+    monkeypatch.setenv("EMBER_TLS_CA", pki.ca)
+    # a string not parsed before: the environment is read when a device string is first parsed
+    d = em.device(f"{scheme}://localhost:{_port(tls_peer)}/0")
+    assert d.tls_ca == pki.ca
+    assert float(em.sum(em.ones(4, device=d))) == 4.0
+
+
+def test_the_ca_is_part_of_the_shared_device(tls_peer, pki, scheme, tmp_path, monkeypatch):
+    url = tls_peer.url(scheme)
+    trusting = em.device(url, tls_ca=pki.ca)
+    assert trusting is em.device(url, tls_ca=Path(pki.ca))
+    assert trusting is not em.device(url) and trusting == em.device(url)  # two sessions, one device
+    monkeypatch.chdir(Path(pki.ca).parent)
+    assert em.device(url, tls_ca="ca.pem") is trusting  # a relative path names the file, not the text
+    assert str(trusting) == url
+    with pytest.raises(em.DeviceError, match="tls_ca applies to TLS device strings"):
+        em.device(url.replace(scheme, scheme[:-1], 1), tls_ca=pki.ca)
+    with pytest.raises(em.DeviceError, match="tls_ca applies to TLS device strings"):
+        em.device("numpy", tls_ca=pki.ca)
+    with pytest.raises(em.TLSError, match="cannot load the CA file"):
+        em.ones(1, device=em.device(url, tls_ca=tmp_path / "missing.pem"))
+
+
+def test_a_certificate_for_another_name_is_refused(elsewhere_peer, pki, scheme):
+    with pytest.raises(em.TLSError, match=rf"^{scheme}://{elsewhere_peer.address}: the peer's certificate is not valid "
+                                          rf"for 127\.0\.0\.1 \(hostname mismatch\)"):
+        em.ones(1, device=em.device(elsewhere_peer.url(scheme), tls_ca=pki.ca))
+
+
+def test_an_expired_certificate_is_refused(expired_peer, pki, scheme):
+    with pytest.raises(em.TLSError, match=rf"^{scheme}://{expired_peer.address}: the peer's certificate has expired"):
+        em.ones(1, device=em.device(expired_peer.url(scheme), tls_ca=pki.ca))
+
+
+# --- plain and TLS do not mix, and say so at once ---------------------------------------------------
+
+@pytest.mark.parametrize("plain", ["ember", "ws"])
+def test_a_plain_client_of_a_tls_peer_is_refused_at_once(tls_peer, plain, monkeypatch):
+    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 600.0)
+    start = time.monotonic()
+    with pytest.raises(em.TLSError, match="this peer requires TLS: connect with embers:// .TCP. or wss://"):
+        em.ones(1, device=em.device(tls_peer.url(plain)))
+    assert time.monotonic() - start < PROMPT
+
+
+def test_a_tls_client_of_a_plain_peer_fails_at_once(peer, pki, scheme, monkeypatch):
+    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 600.0)
+    start = time.monotonic()
+    with pytest.raises(em.TLSError, match=rf"^{scheme}://{peer.address}: the TLS handshake failed .*does not seem to "
+                                          rf"serve TLS"):
+        em.ones(1, device=em.device(peer.url(scheme), tls_ca=pki.ca))
+    assert time.monotonic() - start < PROMPT
+
+
+def test_a_stalled_handshake_does_not_hold_up_other_clients(tls_peer, pki):
+    host, port = tls_peer.address.rsplit(":", 1)
+    stalled = [socket.create_connection((host, int(port))) for _ in range(3)]
+    try:
+        for s in stalled[1:]:
+            s.sendall(b"\x16\x03\x01")  # the start of a TLS record, then nothing
+        done = threading.Event()
+        result = []
+
+        def client():
+            d = em.device(f"embers://localhost:{port}/1", tls_ca=pki.ca)  # index 1 does not exist: a full handshake
+            start = time.monotonic()
+            try:
+                em.ones(1, device=d)
+            except em.DeviceError:
+                result.append(time.monotonic() - start)
+            done.set()
+
+        threading.Thread(target=client, daemon=True).start()
+        assert done.wait(30) and result and result[0] < PROMPT
+    finally:
+        for s in stalled:
+            s.close()
+
+
+# --- serving rules ---------------------------------------------------------------------------------
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ember.cli", "serve", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_a_certificate_needs_its_key(pki, tmp_path):
+    port = free_port()
+    for args in (("--tls-cert", pki.local.cert), ("--tls-key", pki.local.key)):
+        result = _serve("--listen", f"127.0.0.1:{port}", *args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "TLS needs a certificate and its private key: pass both --tls-cert FILE and --tls-key FILE" in result.stderr
+    result = _serve("--listen", f"127.0.0.1:{port}", "--tls-cert", pki.local.cert, "--tls-key", str(tmp_path / "none.key"))
+    assert result.returncode == 2 and "cannot load the TLS certificate" in result.stderr
+    with pytest.raises(em.ArgumentError, match="--tls-key FILE"):
+        em.Server("numpy", f"127.0.0.1:{port}", tls_cert=pki.local.cert)
+    assert nothing_listens(port)
+
+
+def test_a_non_loopback_address_needs_tls_and_a_token(pki, tmp_path):
+    """Checked before binding: these servers are constructed, never started."""
+    tls = {"tls_cert": pki.local.cert, "tls_key": pki.local.key}
+    for keywords, missing in (({}, "TLS or a token"), ({"token": "t"}, "TLS"), (tls, "a token")):
+        with pytest.raises(em.ArgumentError, match=f"refusing to listen on 0.0.0.0:0 without {missing}: "):
+            em.Server("numpy", "0.0.0.0:0", **keywords)
+    em.Server("numpy", "0.0.0.0:0", token="t", **tls)
+    em.Server("numpy", "0.0.0.0:0", insecure=True)
+    em.Server("numpy", "127.0.0.1:0")  # loopback needs neither
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    port = free_port()
+    for args, advice in ((("--token-file", str(token_file)), "pass --tls-cert FILE --tls-key FILE"),
+                         (pki.local.serve_args(), "pass --token-file FILE"),
+                         ((), "--tls-cert FILE --tls-key FILE (tls_cert=, tls_key=) and --token-file FILE")):
+        result = _serve("--listen", f"0.0.0.0:{port}", *args)
+        assert result.returncode == 2 and advice in result.stderr and "or --insecure" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert nothing_listens(port)
