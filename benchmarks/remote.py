@@ -4,10 +4,15 @@
     (target ≤ 2×);
 (b) upload and download of a 256 MiB float32 tensor vs raw-socket throughput measured in the
     same run against a raw-socket child process (target ≥ 0.8×), over TCP and WebSocket;
-(c) the latency of one small op and its read vs a raw TCP echo round trip.
+(c) the latency of one small op and its read vs a raw TCP echo round trip;
+(d) the same 256 MiB upload and download over TCP+TLS (``embers://``, a second peer with a
+    throwaway certificate) vs plain TCP, the two interleaved on their own.
 """
 
 from __future__ import annotations
+
+import contextlib
+import tempfile
 
 import numpy as np
 
@@ -21,12 +26,31 @@ from .timing import Report, Row, medians
 MIB = 1 << 20
 
 
+def _tls_peer(stack: contextlib.ExitStack, report: Report):
+    """An ``embers://`` device of a TLS peer whose certificate comes from a throwaway CA (trustme),
+    or None with a note when trustme is missing."""
+    try:
+        import trustme
+    except ImportError:
+        report.notes.append("(d) skipped: trustme is not installed: pip install 'ember[bench]'")
+        return None
+    folder = stack.enter_context(tempfile.TemporaryDirectory())
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(f"{folder}/ca.pem")
+    leaf.cert_chain_pems[0].write_to_path(f"{folder}/cert.pem")
+    leaf.private_key_pem.write_to_path(f"{folder}/key.pem")
+    peer = stack.enter_context(PeerProcess("--tls-cert", f"{folder}/cert.pem", "--tls-key", f"{folder}/key.pem"))
+    return em.device(peer.url("embers"), tls_ca=f"{folder}/ca.pem")
+
+
 def run(quick: bool = False) -> Report:
-    """Measure (a), (b) and (c) against fresh child processes."""
+    """Measure (a), (b), (c) and (d) against fresh child processes."""
     report = Report("remote")
     repeats = 5 if quick else 15
-    with PeerProcess() as peer:
+    with PeerProcess() as peer, contextlib.ExitStack() as stack:
         tcp, ws = em.device(peer.url("ember")), em.device(peer.url("ws"))
+        tls = _tls_peer(stack, report)
         local = em.device("numpy")
         host = np.random.default_rng(0).random(1000, dtype=np.float32)
         # devices compare by hardware (ws and tcp are one device), so key by name
@@ -59,6 +83,15 @@ def run(quick: bool = False) -> Report:
             for name, d in (("TCP", "tcp"), ("WebSocket", "ws")):
                 report.add(Row(f"(b) download {size // MIB} MiB, {name}", size / t[d], "raw", size / t["raw"], "≥ 0.80x",
                                unit="B/s", higher_is_better=True))
+
+            if tls is not None:  # a pair of its own: in (b)'s rotation, whatever follows WebSocket measured slower
+                t = medians({"tcp": lambda: up("tcp", tcp), "tls": lambda: up("tls", tls)}, transfer_repeats)
+                report.add(Row(f"(d) upload {size // MIB} MiB, TCP+TLS", size / t["tls"], "TCP", size / t["tcp"],
+                               "reported", unit="B/s", higher_is_better=True))
+                t = medians({"tcp": lambda: em.asnumpy(remote_big["tcp"]), "tls": lambda: em.asnumpy(remote_big["tls"])},
+                            transfer_repeats)
+                report.add(Row(f"(d) download {size // MIB} MiB, TCP+TLS", size / t["tls"], "TCP", size / t["tcp"],
+                               "reported", unit="B/s", higher_is_better=True))
             remote_big.clear()
 
             raw.start_echo(64)
