@@ -15,6 +15,7 @@ Python user would catch for that situation, so ``except ValueError`` keeps worki
     ├── NotSupportedError (NotImplementedError) a backend declares a gap for an operation
     ├── ExecutionError    (RuntimeError) a kernel failed on the data (e.g. a singular matrix)
     ├── ProtocolError     (ValueError)   a malformed, oversized or refused frame
+    ├── ResourceLimitError (MemoryError) a compute peer's limit on a tensor, a session's bytes or its memory
     ├── AccessDenied      (PermissionError) a compute peer refused the token
     │   └── TLSError                     TLS failed: an untrusted, expired or misnamed certificate, or a TLS mismatch
     ├── ConnectionLost    (ConnectionError) the peer or the connection went away
@@ -80,6 +81,11 @@ class ExecutionError(EmberError, RuntimeError):
 
 class ProtocolError(EmberError, ValueError):
     """A malformed, oversized or refused frame or handshake."""
+
+
+class ResourceLimitError(EmberError, MemoryError):
+    """A compute peer refused work past one of its limits: a tensor's size, a session's quota of
+    live bytes, or the peer's memory budget; the message names the op, the size and the limit."""
 
 
 class AccessDenied(EmberError, PermissionError):

@@ -443,13 +443,13 @@ def test_websocket_and_http_limits_are_refused_at_once(small_peer):
 def test_the_tensor_limit_through_the_client(small_peer):
     device = em.device(small_peer.url())
     exact = em.asarray(np.arange(LIMIT, dtype=np.uint8), device=device)  # exactly the limit: accepted
-    with pytest.raises(em.ProtocolError, match=f"upload: a tensor of {LIMIT + 1} bytes exceeds .* limit of {LIMIT} bytes"):
+    with pytest.raises(em.ResourceLimitError, match=f"upload: a tensor of {LIMIT + 1} bytes exceeds .* limit of {LIMIT} bytes"):
         em.asarray(np.zeros(LIMIT + 1, np.uint8), device=device)  # refused before it is sent
-    with pytest.raises(em.ProtocolError, match=rf"^full: an output of shape \({LIMIT + 1},\) uint8 exceeds the peer's "
+    with pytest.raises(em.ResourceLimitError, match=rf"^full: an output of shape \({LIMIT + 1},\) uint8 exceeds the peer's "
                                                rf"tensor limit of {LIMIT} bytes"):
         em.asnumpy(em.zeros(LIMIT + 1, dtype=em.uint8, device=device))
     wide = em.jit(lambda v: em.sum(em.broadcast_to(v, (200, 2))))  # an intermediate of 3200 bytes
-    with pytest.raises(em.ProtocolError, match=r"graph: broadcast_to: an output of shape \(200, 2\) float64 exceeds"):
+    with pytest.raises(em.ResourceLimitError, match=r"graph: broadcast_to: an output of shape \(200, 2\) float64 exceeds"):
         em.asnumpy(wide(em.ones(2, device=device)))
     np.testing.assert_array_equal(em.asnumpy(exact + 1), np.arange(LIMIT, dtype=np.uint8) + 1)  # the session lives on
 

@@ -113,7 +113,7 @@ def test_a_tensor_over_the_sessions_limit_is_refused_before_it_runs():
     _batch(session, ("op", "tile", (1,), (2,), {"repetitions": (100,)}))
     assert 2 not in session.tensors or not isinstance(session.tensors[2], np.ndarray)  # nothing was allocated
     assert _replies(_batch(session, ("get", 3, 2))) == [
-        ("error", 3, "ProtocolError", "tile: an output of shape (1600,) float64 exceeds the peer's tensor limit of 1024 bytes")]
+        ("error", 3, "ResourceLimitError", "tile: an output of shape (1600,) float64 exceeds the peer's tensor limit of 1024 bytes")]
     assert _replies(_batch(session, ("shape", 4, (1,)))) == [("shapes", 4, ((16,),))]  # the session goes on
 
 
@@ -127,7 +127,8 @@ def test_the_info_reply_describes_the_host_and_each_session_is_new():
         ("info", wire.VERSION, "numpy", "numpy", ("numpy",), 1)
     assert info["dtypes"] == ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                               "float32", "float64", "complex64", "complex128")
-    assert info["limits"] == {"max_header_bytes": 64 << 20, "max_tensor_bytes": 1 << 16, "max_frame_bytes": 8 << 30}
+    assert info["limits"] == {"max_header_bytes": 64 << 20, "max_tensor_bytes": 1 << 16, "max_frame_bytes": 8 << 30,
+                              "max_session_bytes": 1 << 62}
     assert len(info["session"]) == 32 and int(info["session"], 16) >= 0 and again["session"] != info["session"]
     assert first.pool is pool and first.registry is host.registry
     assert _replies(_batch(first, ("stats", 1))) == [("stats", 1, {"session_tensors": 0, "session_bytes": 0, "session_ops": 0,
@@ -273,7 +274,7 @@ INV, ADD = ("inv", (0,), (1,), {}), ("add", (1, 2), (3,), {})  # _captured()'s r
     ((INV, ("reshape", (1,), (3,), {"shape": (3,)})), None, "ShapeError",
      "reshape: cannot reshape array of size 4 into shape (3,)"),
     ((INV, ("nonzero", (1,), (3, 4), {})), None, "ProtocolError", "nonzero: data-dependent shapes cannot be part of a graph"),
-    ((INV, ("tile", (1,), (3,), {"repetitions": (100, 100)})), None, "ProtocolError",
+    ((INV, ("tile", (1,), (3,), {"repetitions": (100, 100)})), None, "ResourceLimitError",
      "tile: an output of shape (200, 200) float64 exceeds the peer's tensor limit of 65536 bytes"),
     ((INV, ADD), (3, 8), "ProtocolError", "graph output 8 is not produced by the graph"),
 ])
@@ -420,7 +421,7 @@ def test_an_output_exactly_at_the_tensor_limit_is_allowed_one_element_more_is_no
            ("op", "full", (), (2,), {"shape": (129,), "fill_value": 1.0}))
     assert _replies(_batch(session, ("shape", 3, (1,)), ("get", 4, 2))) == [
         ("shapes", 3, ((128,),)),
-        ("error", 4, "ProtocolError", "full: an output of shape (129,) float64 exceeds the peer's tensor limit of 1024 bytes")]
+        ("error", 4, "ResourceLimitError", "full: an output of shape (129,) float64 exceeds the peer's tensor limit of 1024 bytes")]
 
 
 def test_a_graph_whose_kernel_raises_an_ember_error_keeps_its_kind():

@@ -253,10 +253,29 @@ def _conv_grad(xp, g, out, x, weight, *bias, stride, padding, dilation, groups):
     return (gx, gw) + gb
 
 
+def _padded_bytes(shape, padding, dtype) -> int:
+    """A copy of an NCHW input padded on both sides of H and W (none without padding)."""
+    n, c, h, w = shape
+    (ph, pw) = padding
+    return n * c * (h + 2 * ph) * (w + 2 * pw) * dtype.itemsize if ph or pw else 0
+
+
+def _windows_bytes(x_shape, out_hw, kernel, dtype) -> int:
+    """The (N, C, OH, OW, KH, KW) windows a kernel unfolds into a contiguous copy (tensordot's)."""
+    n, c = x_shape[:2]
+    return n * c * out_hw[0] * out_hw[1] * kernel[0] * kernel[1] * dtype.itemsize
+
+
+def _conv_scratch(ins, outs, attrs) -> int:
+    x, weight, out = ins[0], ins[1], outs[0]
+    return (_padded_bytes(x.shape, attrs["padding"], x.dtype) + _windows_bytes(x.shape, out.shape[2:], weight.shape[2:], x.dtype)
+            + math.prod(out.shape) * out.dtype.itemsize)  # the groups' parts before they are joined
+
+
 _CONV_ATTRS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 define(Op("conv2d", ("x", "weight", "*bias"), dict(_CONV_ATTRS), _conv_meta, _conv_canon, family="nn", promote_inputs=True,
           grad=_conv_grad, flops=lambda ins, outs, attrs: 2 * math.prod(outs[0].shape) * math.prod(ins[1].shape[1:]),
-          doc="2-d convolution (cross-correlation) of NCHW input with OIHW weight."))
+          scratch=_conv_scratch, doc="2-d convolution (cross-correlation) of NCHW input with OIHW weight."))
 
 
 def _conv_input_grad_meta(g, weight, shape, stride, padding, dilation, groups):
@@ -275,9 +294,13 @@ def _conv_grad_canon(a, b, shape, stride, padding, dilation, groups):
 
 define(Op("conv2d_input_grad", ("g", "weight"), {"shape": REQUIRED, **_CONV_ATTRS}, _conv_input_grad_meta, _conv_grad_canon,
           family="nn", promote_inputs=True, grad=_second_order("conv2d_input_grad"),
+          scratch=lambda ins, outs, attrs: (2 * _windows_bytes(attrs["shape"], ins[0].shape[2:], ins[1].shape[2:], ins[0].dtype)
+                                            + _padded_bytes(attrs["shape"], attrs["padding"], ins[0].dtype)),
           doc="The cotangent of conv2d's input for output cotangent g (a transposed convolution)."))
 define(Op("conv2d_weight_grad", ("x", "g"), {"shape": REQUIRED, **_CONV_ATTRS}, _conv_weight_grad_meta, _conv_grad_canon,
           family="nn", promote_inputs=True, grad=_second_order("conv2d_weight_grad"),
+          scratch=lambda ins, outs, attrs: (_windows_bytes(ins[0].shape, ins[1].shape[2:], attrs["shape"][2:], ins[0].dtype)
+                                            + _padded_bytes(ins[0].shape, attrs["padding"], ins[0].dtype)),
           doc="The cotangent of conv2d's weight for input x and output cotangent g."))
 
 
@@ -310,14 +333,20 @@ def _avg_pool_grad(xp, g, out, x, kernel_size, stride, padding):
     return (xp.nn.conv2d_input_grad(g, weight, shape=x.shape, stride=stride, padding=padding, dilation=(1, 1), groups=c),)
 
 
+def _pool_scratch(ins, outs, attrs) -> int:
+    x, windows = ins[0], outs[0] if len(ins) == 1 else ins[1]  # the pooled output (or its cotangent) is (N, C, OH, OW)
+    return (_padded_bytes(x.shape, attrs["padding"], x.dtype)
+            + 2 * _windows_bytes(x.shape, windows.shape[2:], attrs["kernel_size"], x.dtype))
+
+
 for _name, _grad, _doc in (("max_pool2d", _max_pool_grad, "Maximum over 2-d windows of NCHW input."),
                            ("avg_pool2d", _avg_pool_grad, "Mean over 2-d windows of NCHW input (padding counts as zeros).")):
     define(Op(_name, ("x",), {"kernel_size": REQUIRED, "stride": None, "padding": 0}, _pool_meta, _pool_canon, family="nn",
-              positional=("kernel_size", "stride", "padding"), grad=_grad, doc=_doc))
+              positional=("kernel_size", "stride", "padding"), grad=_grad, scratch=_pool_scratch, doc=_doc))
 
 define(Op("max_pool2d_grad", ("x", "g"), {"kernel_size": REQUIRED, "stride": None, "padding": 0},
           lambda x, g, **_: Meta(x.shape, x.dtype), lambda x, g, **attrs: _pool_canon(x, **attrs), family="nn",
-          promote_inputs=True, grad=_second_order("max_pool2d_grad"),
+          promote_inputs=True, grad=_second_order("max_pool2d_grad"), scratch=_pool_scratch,
           doc="The cotangent of max_pool2d's input: g routed to each window's maximum (ties: the first)."))
 
 
@@ -349,6 +378,11 @@ def _attention_grad(xp, g, out, q, k, v, *mask, is_causal, scale):
     return (gs @ k * s, xp.matrix_transpose(gs) @ q * s, gv) + gmask
 
 
+def _attention_scratch(ins, outs, attrs) -> int:
+    q, k = ins[0], ins[1]
+    return 2 * math.prod(q.shape[:-1]) * k.shape[-2] * q.dtype.itemsize  # the (…, L, S) scores and their softmax
+
+
 define(Op("scaled_dot_product_attention", ("q", "k", "v", "*mask"), {"is_causal": False, "scale": None}, _attention_meta,
-          family="nn", promote_inputs=True, grad=_attention_grad,
+          family="nn", promote_inputs=True, grad=_attention_grad, scratch=_attention_scratch,
           doc="softmax(q @ k.T · scale + mask) @ v, with an optional additive float mask or a causal mask."))

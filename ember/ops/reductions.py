@@ -181,8 +181,14 @@ def _diff_grad(xp, g, out, x, axis, n):
     return (g,)
 
 
-define(Op("diff", ("x",), {"axis": -1, "n": 1}, _diff_meta,
-          lambda x, axis, n: {"axis": normalize_axis(axis, max(x.ndim, 1)), "n": as_int(n, "n")},
+def _diff_canon(x, axis, n):
+    axis, n = normalize_axis(axis, max(x.ndim, 1)), as_int(n, "n")
+    if x.ndim and n > x.shape[axis]:  # the result is empty from n = length on; NumPy would loop n times
+        n = x.shape[axis]
+    return {"axis": axis, "n": n}
+
+
+define(Op("diff", ("x",), {"axis": -1, "n": 1}, _diff_meta, _diff_canon,
           family="utility", grad=_diff_grad, doc="n-th discrete difference along axis."))
 
 

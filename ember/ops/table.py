@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import dtypes as dt
@@ -49,6 +49,18 @@ class _Required:
 REQUIRED = _Required()  # an attribute without a default: the caller must give it
 NO_GRADIENT = "no gradient"  # the grad rule of an op whose outputs carry no gradient
 
+# Meta rule results of every op, in one cache bounded for the whole process, so the clients of a
+# compute peer cannot grow it without limit; keys with very long shapes or attribute tuples (a
+# reshape to 100,000 dimensions) are computed each time, never kept. Failures are never cached.
+_META_CACHE: dict = {}
+META_CACHE_ENTRIES = 16384
+_CACHED_LENGTH = 64
+
+
+def _small(metas: tuple, values: tuple, out: tuple) -> bool:
+    return (all(len(m.shape) <= _CACHED_LENGTH for m in (*metas, *out))
+            and all(type(v) is not tuple or len(v) <= _CACHED_LENGTH for v in values))
+
 
 @dataclass(eq=False)
 class Op:
@@ -75,10 +87,12 @@ class Op:
     promote_inputs: bool = False  # the namespace casts all array inputs to their common dtype
     determined: tuple | None = None  # outputs fixed by the inputs (None: all); not e.g. eigenvector signs
     flops: Callable | None = None  # (input metas, output metas, attrs) -> a rough count, for graph summaries
+    # (input metas, output metas, attrs) -> bytes the kernels may hold beyond inputs and outputs (a padded copy,
+    # unfolded windows, attention scores); a compute peer counts them against its memory budget before running
+    scratch: Callable | None = None
     symmetric_input: bool = False  # reads only a triangle of a symmetric matrix (its gradient is symmetrised)
     grad: Any = None
     doc: str = ""
-    _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def variadic(self) -> bool:
@@ -87,15 +101,15 @@ class Op:
     def infer(self, metas: tuple, attrs: dict) -> tuple[dict, tuple]:
         """Canonical attributes and output metas for inputs ``metas``; errors name the op.
 
-        Results are cached by (metas, attrs): the rules are pure, and a chain of the same op
+        Results are cached by (op, metas, attrs): the rules are pure, and a chain of the same op
         on the same shapes pays for the rule once. The cache keeps only the attributes that
         the canon rule replaced, so values it left alone (-0.0 beside 0.0) are never swapped.
         """
         try:
             values = tuple(attrs.values())
             # types are part of the key: True, 1 and 1.0 are equal but give different dtypes
-            key = (metas, values, tuple(map(type, values))) if values else metas
-            replaced, out = self._cache[key]
+            key = (self, metas, values, tuple(map(type, values))) if values else (self, metas)
+            replaced, out = _META_CACHE[key]
             return ({**attrs, **replaced} if replaced else attrs), out
         except KeyError:
             pass
@@ -109,10 +123,10 @@ class Op:
         except EmberError as error:
             raise with_prefix(error, self.name) from None
         out = (out,) if type(out) is Meta else out
-        if key is not None:
-            if len(self._cache) > 4096:
-                self._cache.clear()
-            self._cache[key] = (replaced, out)
+        if key is not None and _small(metas, values, out):
+            if len(_META_CACHE) >= META_CACHE_ENTRIES:
+                _META_CACHE.clear()
+            _META_CACHE[key] = (replaced, out)
         return attrs, out
 
     def __repr__(self) -> str:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import hmac
 import math
+import os
 import sys
 import threading
 import uuid
+from collections import deque
 
 import numpy as np
 
@@ -22,7 +24,7 @@ from .. import dtypes as dt
 from ..devices import LocalDevice
 from ..devices import device as as_device
 from ..engines.local import LocalEngine
-from ..errors import EmberError, HostDeviceError, ProtocolError
+from ..errors import EmberError, HostDeviceError, ProtocolError, ResourceLimitError
 from ..ops.records import check_records, infer_record, literal_meta
 from ..ops.table import Meta
 from ..wire import protocol as wire
@@ -65,26 +67,71 @@ def same_kind(name: str, names: list[str]) -> list[str]:
     return [n for n in names if n == family or n.startswith(family + ":")] or [name]
 
 
+def default_memory() -> int:
+    """The default memory budget of a peer: three quarters of this machine's physical memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 3 // 4
+    except (ValueError, OSError, AttributeError):  # a platform without sysconf
+        return 8 << 30
+
+
+class Budget:
+    """The memory all sessions of a peer may hold together (``--max-memory``): their tensors,
+    frames being received, replies being built, and the buffer pool's idle buffers, which give
+    way first. Thread-safe; sessions take it in chunks (:data:`CREDIT`), so most ops take no lock."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = default_memory() if limit is None else limit
+        self.used = 0
+        self.lock = threading.Lock()
+        self.pool: BufferPool | None = None  # idle buffers to let go of under pressure
+
+    def take(self, nbytes: int, evict: bool = True) -> bool:
+        """Count ``nbytes`` more if they fit, letting idle pool buffers go first when ``evict``."""
+        with self.lock:
+            if self.used + nbytes > self.limit and evict and self.pool is not None:
+                self.used -= self.pool.shrink(self.used + nbytes - self.limit)
+            if self.used + nbytes > self.limit:
+                return False
+            self.used += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self.lock:
+            self.used -= nbytes
+
+
+CREDIT = 1 << 20  # bytes a session keeps taken from the budget beyond what it uses, so small ops take no lock
+
+
 class BufferPool:
     """Keeps the buffers of freed received tensors for the next upload of the same size (a
     caching allocator): a fresh 256 MiB buffer costs tens of milliseconds of page faults that a
-    reused one does not. A buffer is kept only when nothing else refers to it."""
+    reused one does not. A buffer is kept only when nothing else refers to it, and only while
+    the peer's budget has room: its idle buffers count against it and go first when it is short."""
 
-    def __init__(self, capacity: int = 1 << 30, minimum: int = 1 << 20):
+    def __init__(self, capacity: int = 1 << 30, minimum: int = 1 << 20, budget: Budget | None = None):
         self.capacity, self.minimum = capacity, minimum
         self.free: dict[int, list] = {}
         self.total = 0
+        self.lock = threading.Lock()  # one pool serves every session of a peer
+        self.budget = budget
+        if budget is not None:
+            budget.pool = self
 
     def allocate(self, shape: tuple, dtype) -> np.ndarray:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self.minimum:
             return np.empty(shape, dtype)
-        stack = self.free.get(nbytes)
-        if stack:
-            buffer = stack.pop()
-            self.total -= nbytes
-        else:
+        with self.lock:
+            stack = self.free.get(nbytes)
+            buffer = stack.pop() if stack else None
+            if buffer is not None:
+                self.total -= nbytes
+        if buffer is None:
             buffer = np.empty(nbytes, np.uint8)
+        elif self.budget is not None:
+            self.budget.give(nbytes)  # its bytes now count where the caller counts them
         return buffer.view(dtype).reshape(shape)
 
     def release(self, array) -> None:
@@ -97,8 +144,26 @@ class BufferPool:
         # held only by the caller, this call and getrefcount: no view or other tensor shares it
         if sys.getrefcount(array) > 3 or sys.getrefcount(root) > 3 or self.total + root.nbytes > self.capacity:
             return
-        self.free.setdefault(root.nbytes, []).append(root)
-        self.total += root.nbytes
+        if self.budget is not None and not self.budget.take(root.nbytes, evict=False):
+            return
+        with self.lock:
+            self.free.setdefault(root.nbytes, []).append(root)
+            self.total += root.nbytes
+
+    def shrink(self, nbytes: int) -> int:
+        """Let idle buffers go until ``nbytes`` are freed or none is left; returns the bytes freed."""
+        freed = 0
+        with self.lock:
+            for size in sorted(self.free, reverse=True):
+                stack = self.free[size]
+                while stack and freed < nbytes:
+                    stack.pop()
+                    freed += size
+                if freed >= nbytes:
+                    break
+            self.free = {size: stack for size, stack in self.free.items() if stack}
+            self.total -= freed
+        return freed
 
 
 class Poison:
@@ -110,18 +175,31 @@ class Poison:
         self.kind, self.message = kind, message
 
 
+def _nbytes(meta: Meta) -> int:
+    return math.prod(meta.shape) * meta.dtype.itemsize
+
+
 def _error_kind(error: Exception) -> str:
     return type(error).__name__ if isinstance(error, EmberError) else "ExecutionError"
 
 
 class Session:
     """One client's session, without I/O: :meth:`handle` takes a frame and returns the reply
-    frames to send (header, segments)."""
+    frames to send (header, segments).
+
+    Every byte the session makes the peer hold is counted against its quota
+    (``limits.max_session_bytes``) and the peer's :class:`Budget` before it is allocated: a
+    received tensor (:meth:`allocate`, the frame reader's hook), an op's outputs — at their
+    largest where the data decides their size — and its kernels' scratch, a graph's constants
+    and intermediates, and the copies a reply needs. A refusal is a ResourceLimitError naming
+    the op, the size and the limit; the session and its other tensors live on.
+    """
 
     def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry | None = None,
-                 pool: BufferPool | None = None):
+                 pool: BufferPool | None = None, budget: Budget | None = None):
         self.engine = engine
-        self.pool = pool or BufferPool()
+        self.budget = budget or (pool.budget if pool is not None and pool.budget is not None else Budget())
+        self.pool = pool or BufferPool(budget=self.budget)
         self.limits = limits
         self.registry = registry
         self.tensors: dict[int, object] = {}   # id -> native array or Poison
@@ -129,24 +207,85 @@ class Session:
         self.unreported: list[Poison] = []      # failures since the last sync
         self.graphs: dict[int, tuple] = {}      # registered graphs, by number
         self.ops = 0
+        self.used = 0       # bytes counted against the quota: tensors, graph constants, frames in flight, replies
+        self.credit = 0     # bytes taken from the budget and not yet used
+        self.receiving = 0  # bytes reserved by allocate() for the frame being received
+        self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
+        self._received: dict[int, int] = {}  # id of a buffer allocate() gave -> its bytes, until a message keeps it
+        self._sent: dict[int, int] = {}      # tensor id -> its segment in the reply being built
+        self._declined: deque[str] = deque()  # why allocate() declined segments not yet handled, in order
+        self._reasons: dict[int, str] = {}    # … those of the frame being handled, by segment
 
     # -- bookkeeping --
     def live_bytes(self) -> int:
-        return sum(math.prod(m.shape) * m.dtype.itemsize for m in self.metas.values() if None not in m.shape)
+        return sum(_nbytes(m) for m in self.metas.values() if None not in m.shape)
 
     def close(self) -> None:
         self.tensors.clear()
         self.metas.clear()
         self.graphs.clear()
+        self.budget.give(self.used + self.credit)
+        self.used = self.credit = self.receiving = self.replying = 0
 
-    def _store(self, tid, value, meta: Meta | None) -> None:
+    def _take(self, what: str, nbytes: int) -> None:
+        """Count ``nbytes`` more against the quota and the budget, or refuse naming ``what``."""
+        quota = self.limits.max_session_bytes
+        if self.used + nbytes > quota:
+            raise ResourceLimitError(f"{what}: {nbytes} more bytes would exceed this session's quota of {quota} bytes "
+                                     f"({self.used} in use)")
+        if nbytes > self.credit:
+            wanted = nbytes - self.credit
+            if self.budget.take(wanted + CREDIT):
+                self.credit += wanted + CREDIT
+            elif self.budget.take(wanted):
+                self.credit += wanted
+            else:
+                raise ResourceLimitError(f"{what}: {nbytes} more bytes would exceed the peer's memory budget of "
+                                         f"{self.budget.limit} bytes ({self.budget.used} in use by all sessions)")
+        self.credit -= nbytes
+        self.used += nbytes
+
+    def _give(self, nbytes: int) -> None:
+        self.used -= nbytes
+        self.credit += nbytes
+        if self.credit > 2 * CREDIT:
+            self.budget.give(self.credit - CREDIT)
+            self.credit = CREDIT
+
+    def allocate(self, shape: tuple, dtype) -> np.ndarray | None:
+        """Where a received tensor goes (the frame reader's hook, once the session is open): a
+        buffer counted against the quota and the budget, or None to read its bytes and drop them."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        try:
+            self._take("put", nbytes)
+        except ResourceLimitError as error:  # why, for the message that meets this segment (frames come in order)
+            self._declined.append(str(error).split(": ", 1)[1])
+            return None
+        array = self.pool.allocate(shape, dtype)
+        self._received[id(array)] = nbytes
+        return array
+
+    def _store(self, tid, value, meta: Meta | None, what: str = "put", counted: bool = False) -> None:
+        """Keep ``value`` as tensor ``tid`` (a Poison has no meta), counting its bytes unless ``counted``."""
         if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
             raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
+        old = self.metas.pop(tid, None)
+        self.tensors.pop(tid, None)
+        if old is not None:
+            self._give(_nbytes(old))
+        if self._sent:
+            self._sent.pop(tid, None)
+        if meta is not None and not counted:
+            try:
+                self._take(what, _nbytes(meta))
+            except ResourceLimitError as error:
+                poison = Poison("ResourceLimitError", str(error))
+                self.tensors[tid] = poison
+                self.unreported.append(poison)
+                return
         self.tensors[tid] = value
         if meta is not None:
             self.metas[tid] = meta
-        else:
-            self.metas.pop(tid, None)
 
     def _poison(self, outputs, kind: str, message: str) -> None:
         poison = Poison(kind, message)
@@ -156,6 +295,22 @@ class Session:
 
     # -- the frame handler --
     def handle(self, frame: Frame) -> list[tuple[dict, list]]:
+        if self.replying:  # the last replies were sent before this frame was read: their copies are gone
+            self._give(self.replying)
+            self.replying = 0
+        self._sent = {}
+        self._reasons = {i: self._declined.popleft() if self._declined else "declined"
+                         for i, segment in enumerate(frame.segments) if segment is None}
+        try:
+            return self._handle(frame)
+        finally:  # received tensors no message kept (a refused frame, an unused segment) count no more
+            received = self._received
+            for segment in frame.segments:
+                nbytes = received.pop(id(segment), 0) if segment is not None else 0
+                if nbytes:
+                    self._give(nbytes)
+
+    def _handle(self, frame: Frame) -> list[tuple[dict, list]]:
         header = frame.header
         kind = header.get("t")
         if kind == "close":
@@ -214,26 +369,52 @@ class Session:
         try:
             metas = tuple(metas)
             op, attrs, out_metas = infer_record(name, metas, outputs, attrs)
-            self._check_size(name, out_metas)
-            values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
+            need = self._need(op, metas, attrs, out_metas)
+            self._take(name, need)
+            try:
+                values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
+            finally:
+                self._give(need)
+            if op.data_dependent:  # now that the sizes are known, each must fit the tensor limit
+                self._check_size(name, out_metas)
         except Exception as error:  # a peer never crashes on bad input: the outputs carry the error
             text = str(error)
             self._poison(outputs, _error_kind(error), text if text.startswith((str(name), "unknown op")) else f"{name}: {text}")
             return
         for tid, value, meta in zip(outputs, values, out_metas):
-            if type(tid) is not int or tid < 0:
-                raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
-            tensors[tid] = value
-            known[tid] = meta
+            self._store(tid, value, meta, name)
+
+    def _need(self, op, in_metas: tuple, attrs: dict, out_metas: tuple) -> int:
+        """The bytes an op may hold while it runs: its outputs — a data-dependent one at its largest,
+        as many elements as the largest input — and its kernels' scratch (the row's ``scratch`` rule).
+        An output past the peer's tensor limit is refused."""
+        self._check_size(op.name, out_metas)
+        need = 0
+        for meta in out_metas:
+            if None in meta.shape:
+                need += max((math.prod(m.shape) for m in in_metas), default=0) * meta.dtype.itemsize
+            else:
+                need += math.prod(meta.shape) * meta.dtype.itemsize
+        if op.scratch is not None:
+            need += op.scratch(in_metas, out_metas, attrs)
+        return need
 
     def _put(self, body, frame_segments, replies, segments) -> None:
         tid, index = body
         host = frame_segments[index]
+        if host is None:  # declined while it was received: the quota or the budget had no room
+            self._poison((tid,), "ResourceLimitError", f"put of tensor {tid}: {self._reason(frame_segments, index)}")
+            return
+        counted = self._received.pop(id(host), None) is not None
         handle = self.engine.upload(host)
-        self._store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]))
+        self._store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]), "put", counted)
         if handle is not host:  # the backend copied it (to a GPU): the buffer can serve the next upload
             frame_segments[index] = None
             self.pool.release(host)
+
+    def _reason(self, segments: list, index: int) -> str:
+        """Why segment ``index`` of the frame being handled was declined."""
+        return self._reasons.get(index, "it was not kept")
 
     def _read(self, tid, rid, replies) -> object | None:
         value = self.tensors.get(tid) if isinstance(tid, int) else None
@@ -247,10 +428,23 @@ class Session:
 
     def _get(self, body, frame_segments, replies, segments) -> None:
         rid, tid = body
-        value = self._read(tid, rid, replies)
-        if value is not None:
-            replies.append(("data", rid, len(segments)))
-            segments.append(self.engine.download(value))
+        index = self._sent.get(tid) if type(tid) is int else None
+        if index is None:  # each tensor goes once per reply, however often a batch reads it
+            value = self._read(tid, rid, replies)
+            if value is None:
+                return
+            host = self.engine.download(value)
+            if not host.flags.c_contiguous:  # the frame needs its bytes in C order: a copy, counted
+                try:
+                    self._take("get", host.nbytes)
+                except ResourceLimitError as error:
+                    replies.append(("error", rid, "ResourceLimitError", str(error)))
+                    return
+                self.replying += host.nbytes
+                host = np.ascontiguousarray(host)
+            index = self._sent[tid] = len(segments)
+            segments.append(host)
+        replies.append(("data", rid, index))
 
     def _shape(self, body, frame_segments, replies, segments) -> None:
         rid, ids = body
@@ -275,7 +469,9 @@ class Session:
         release = self.pool.release
         for tid in ids:
             value = self.tensors.pop(tid, None)
-            self.metas.pop(tid, None)
+            meta = self.metas.pop(tid, None)
+            if meta is not None:
+                self._give(_nbytes(meta))
             release(value)
             del value
 
@@ -289,18 +485,26 @@ class Session:
     # -- graphs: registered once, then run by number --
     def _graph(self, body, frame_segments, replies, segments) -> None:
         gid, inputs, outputs, ops, constants = body
+        self._forget((gid,), frame_segments, replies, segments)  # a number registered again is a new graph
         known = {tid: Meta(tuple(shape), dtype) for tid, dtype, shape in inputs}
-        values = {}
-        for tid, index in constants:
-            host = frame_segments[index]
-            values[tid] = self.engine.upload(host)
-            known[tid] = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
+        values, held, need = {}, 0, 0
         records, error, plan = [], None, None
-        try:  # validate the whole graph once: every row's meta rule, every size limit
+        try:  # validate the whole graph once: every constant, every row's meta rule, every limit
+            for tid, index in constants:
+                host = frame_segments[index]
+                if host is None:
+                    raise ResourceLimitError(f"constant {tid}: {self._reason(frame_segments, index)}")
+                meta = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
+                if self._received.pop(id(host), None) is None:
+                    self._take(f"constant {tid}", host.nbytes)
+                held += host.nbytes  # the graph keeps its constants until it is forgotten
+                values[tid], known[tid] = self.engine.upload(host), meta
             for row, refs, outs, attrs, out_metas in check_records(ops, known):
                 if any(None in m.shape for m in out_metas):
                     raise ProtocolError(f"{row.name}: data-dependent shapes cannot be part of a graph")
-                self._check_size(row.name, out_metas)
+                in_metas = tuple(known[r] if type(r) is int else literal_meta(row.name, r) for r in refs)
+                # a run may hold every intermediate at once, and each kernel's scratch
+                need += self._need(row, in_metas, attrs, out_metas)
                 records.append((row, refs, outs, attrs))
             missing = [o for o in outputs if o not in known]
             if missing:
@@ -308,8 +512,10 @@ class Session:
             plan = self.engine.compile(records, [tid for tid, _, _ in inputs], values, outputs)
         except Exception as failure:
             error = Poison(_error_kind(failure), f"graph: {failure}")
+            self._give(held)
+            held = 0
         input_metas = tuple((tid, known[tid]) for tid, _, _ in inputs)
-        self.graphs[gid] = (input_metas, tuple(outputs), plan, {o: known.get(o) for o in outputs}, error)
+        self.graphs[gid] = (input_metas, tuple(outputs), plan, {o: known.get(o) for o in outputs}, error, held, need)
 
     def _run(self, body, frame_segments, replies, segments) -> None:
         gid, input_ids, output_ids = body
@@ -317,7 +523,7 @@ class Session:
         if graph is None:
             self._poison(output_ids, "ExecutionError", f"run: unknown graph {gid!r}")
             return
-        inputs, outputs, plan, out_metas, error = graph
+        inputs, outputs, plan, out_metas, error, _, need = graph
         if error is not None:
             for tid in output_ids:
                 self._store(tid, error, None)
@@ -344,24 +550,30 @@ class Session:
                 return
             values.append(value)
         try:
-            results = plan.run(values)
+            self._take(f"run of graph {gid}", need)
+            try:
+                results = plan.run(values)
+            finally:
+                self._give(need)
         except Exception as failure:
             self._poison(output_ids, _error_kind(failure), str(failure))
             return
         self.ops += len(plan.steps)
         for tid, node, value in zip(output_ids, outputs, results):
-            self._store(tid, value, out_metas[node])
+            self._store(tid, value, out_metas[node], f"run of graph {gid}")
 
     def _forget(self, body, frame_segments, replies, segments) -> None:
         (gid,) = body
-        self.graphs.pop(gid, None)
+        graph = self.graphs.pop(gid, None)
+        if graph is not None:
+            self._give(graph[5])  # its constants
 
     def _check_size(self, name, out_metas) -> None:
         limit = self.limits.max_tensor_bytes
         for meta in out_metas:
             if None not in meta.shape and math.prod(meta.shape) * meta.dtype.itemsize > limit:
-                raise ProtocolError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
-                                    f"tensor limit of {limit} bytes")
+                raise ResourceLimitError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
+                                         f"tensor limit of {limit} bytes")
 
     # "op" messages of the right length go straight to _op; this entry sees malformed ones
     _HANDLERS = {"op": lambda self, body, *_: self._op(("op", *body)), "put": _put, "get": _get, "shape": _shape,
@@ -385,15 +597,17 @@ class Host:
     """The peer's side of every handshake: the hosted devices, the token, the limits and the
     registry of open sessions. :meth:`open` is the handshake, fed the first frame."""
 
-    def __init__(self, devices: list[LocalDevice], token: str | None, limits: Limits):
+    def __init__(self, devices: list[LocalDevice], token: str | None, limits: Limits, budget: Budget | None = None):
         self.devices, self.token, self.limits = devices, token, limits
         self.registry = Registry()
+        self.budget = budget or Budget()
+        self.pool = BufferPool(budget=self.budget)  # shared by every session, within the budget
 
     @property
     def backend_name(self) -> str:
         return self.devices[0].backend_name
 
-    def open(self, frame: Frame, pool: BufferPool) -> tuple[Session | None, list[Reply]]:
+    def open(self, frame: Frame, pool: BufferPool | None = None) -> tuple[Session | None, list[Reply]]:
         """The handshake: an ``init`` frame in; a new session and its ``info`` reply, or None and
         a ``refuse`` reply (a wrong version, token or device index). ProtocolError if it is not
         an init at all."""
@@ -417,7 +631,7 @@ class Host:
             return refuse("DeviceError", f"this peer hosts {len(self.devices)} device(s) "
                                          f"({', '.join(str(d) for d in self.devices)}); index {index!r} does not exist")
         hosted = self.devices[index]
-        session = Session(LocalEngine(hosted.engine.backend), self.limits, self.registry, pool)
+        session = Session(LocalEngine(hosted.engine.backend), self.limits, self.registry, pool or self.pool, self.budget)
         with self.registry.lock:
             self.registry.sessions.add(session)
         return session, [({

@@ -42,6 +42,7 @@ class Limits:
     max_header_bytes: int = 64 << 20
     max_tensor_bytes: int = 4 << 30
     max_frame_bytes: int = 8 << 30
+    max_session_bytes: int = 1 << 62  # one session's live bytes (a peer sets it: --max-session-bytes)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -130,10 +131,13 @@ def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
     return [_PREFIX.pack(MAGIC, len(body), payload) + body, *views]
 
 
-def _segment_arrays(descriptors, limits: Limits, allocate=np.empty) -> list[np.ndarray]:
+def _segment_arrays(descriptors, limits: Limits, allocate=np.empty) -> tuple[list, list[int]]:
+    """The arrays a frame's segments are received into, and their sizes in bytes. ``allocate``
+    may return None to decline a segment (a peer over its memory budget): its bytes are then read
+    and dropped, and the frame carries None in its place."""
     if not isinstance(descriptors, tuple):
         raise ProtocolError("'seg' must be a list of [dtype, shape]")
-    arrays = []
+    arrays, sizes = [], []
     for item in descriptors:
         try:
             name, shape = item
@@ -147,7 +151,16 @@ def _segment_arrays(descriptors, limits: Limits, allocate=np.empty) -> list[np.n
         if nbytes > limits.max_tensor_bytes:
             raise ProtocolError(f"a tensor of {nbytes} bytes exceeds the limit of {limits.max_tensor_bytes} bytes")
         arrays.append(allocate(shape, dtype))
-    return arrays
+        sizes.append(nbytes)
+    return arrays, sizes
+
+
+_DISCARD = 1 << 20  # a declined segment is read through a scratch buffer of at most this size
+
+
+def _discarded(nbytes: int) -> list[memoryview]:
+    scratch = memoryview(bytearray(min(nbytes, _DISCARD)))
+    return [scratch[:min(_DISCARD, nbytes - start)] for start in range(0, nbytes, _DISCARD)]
 
 
 class FrameReader:
@@ -219,14 +232,14 @@ class FrameReader:
         header = unpack(data[PREFIX_SIZE:PREFIX_SIZE + header_len]) if header_len else {}
         if not isinstance(header, dict):
             raise ProtocolError("a frame header must be a map")
-        arrays = _segment_arrays(header.get("seg", ()), self.limits, self.allocate)
+        arrays, sizes = _segment_arrays(header.get("seg", ()), self.limits, self.allocate)
         offset = PREFIX_SIZE + header_len
-        if sum(a.nbytes for a in arrays) != payload:
+        if sum(sizes) != payload:
             raise ProtocolError(f"segments disagree with the payload length {payload}")
-        for a in arrays:
-            if a.nbytes:
-                a.reshape(-1).view(np.uint8)[:] = data[offset:offset + a.nbytes]
-                offset += a.nbytes
+        for a, nbytes in zip(arrays, sizes):
+            if nbytes and a is not None:
+                a.reshape(-1).view(np.uint8)[:] = data[offset:offset + nbytes]
+            offset += nbytes
         return Frame(header, arrays), end
 
     def _next_stage(self) -> Frame | None:
@@ -242,11 +255,14 @@ class FrameReader:
             if not isinstance(header, dict):
                 raise ProtocolError("a frame header must be a map")
             self._header = header
-            self._arrays = _segment_arrays(header.get("seg", ()), limits, self.allocate)
-            total = sum(a.nbytes for a in self._arrays)
+            self._arrays, sizes = _segment_arrays(header.get("seg", ()), limits, self.allocate)
+            total = sum(sizes)
             if total != self._payload:
                 raise ProtocolError(f"segments of {total} bytes disagree with the payload length {self._payload}")
-            self._views = [memoryview(a.reshape(-1).view(np.uint8)) for a in self._arrays if a.nbytes]
+            self._views = []
+            for a, nbytes in zip(self._arrays, sizes):
+                if nbytes:
+                    self._views.extend([memoryview(a.reshape(-1).view(np.uint8))] if a is not None else _discarded(nbytes))
             return self._next_segment()
         return self._next_segment()
 

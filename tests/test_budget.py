@@ -1,0 +1,214 @@
+"""What a compute peer's sessions may hold: each session's quota of live bytes, the peer's memory
+budget shared by all of them (its buffer pool's idle buffers included, and given up first), the
+scratch an op's kernels need, and the copies a reply needs — all counted before anything is
+allocated, refused with a ResourceLimitError naming the op, the size and the limit, while the
+session and its other tensors live on. Driven through the sans-I/O session, fed real frames
+through the frame reader (which declines a tensor the session has no room for).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ember as em
+from ember.ops import table
+from ember.remote.session import Budget, Host, hosted_devices
+from ember.wire import protocol as wire
+from ember.wire.protocol import Frame, FrameReader, Limits
+
+MiB = 1 << 20
+
+
+def _open(host: Host):
+    session, _ = host.open(Frame({"t": "init", "v": wire.VERSION}, []))
+    assert session is not None
+    return session
+
+
+def _host(session_bytes=64 * MiB, memory=256 * MiB, tensor_bytes=1 << 30) -> Host:
+    return Host(hosted_devices("numpy"), None, Limits(max_tensor_bytes=tensor_bytes, max_session_bytes=session_bytes),
+                Budget(memory))
+
+
+def _send(session, *messages, segments=()):
+    """A batch as the peer receives it: encoded, read by a frame reader whose buffers come from the session."""
+    data = b"".join(bytes(b) for b in wire.encode_frame({"t": "batch", "m": tuple(messages)}, list(segments)))
+    (frame,) = FrameReader(session.limits, session.allocate).feed(data)
+    frames = session.handle(frame)
+    return [m for header, _ in frames for m in header["m"]], [s for _, segs in frames for s in segs]
+
+
+def _replies(session, *messages, segments=()):
+    return _send(session, *messages, segments=segments)[0]
+
+
+def _quota(what, nbytes, used, quota=64 * MiB):
+    return f"{what}: {nbytes} more bytes would exceed this session's quota of {quota} bytes ({used} in use)"
+
+
+def test_uploads_past_the_session_quota_are_refused_and_the_session_keeps_the_rest():
+    session = _open(_host(session_bytes=64 * MiB))
+    block = np.ones(4 * MiB)  # 32 MiB
+    assert _replies(session, ("put", 1, 0), ("sync", 0), segments=[block]) == [("ok", 0)]
+    assert session.used == 32 * MiB
+    # the second is declined while it is received: its bytes are read and dropped, not kept
+    refused = ("error", 2, "ResourceLimitError", _quota("put of tensor 2", 32 * MiB + 8, 32 * MiB))
+    assert _replies(session, ("put", 2, 0), ("op", "negative", (2,), (3,), {}), ("get", 2, 2), ("get", 4, 3), ("sync", 5),
+                    segments=[np.zeros(4 * MiB + 1)]) == [refused, ("error", 4, *refused[2:]), ("error", 5, *refused[2:])]
+    assert session.used == 32 * MiB and 2 not in session.metas
+    (data,), (total,) = _send(session, ("op", "sum", (1,), (5,), {}), ("get", 6, 5))
+    assert data == ("data", 6, 0) and total == 4 * MiB  # the kept tensor works
+    # a frame's tensors are counted as they arrive, before its messages run: a drop frees room for the next frame
+    _replies(session, ("drop", (1,)))
+    assert _replies(session, ("put", 7, 0), ("sync", 8), segments=[block]) == [("ok", 8)]
+    assert session.used == 32 * MiB + 8
+
+
+def test_a_peer_budget_is_shared_by_its_sessions():
+    host = _host(session_bytes=1 << 40, memory=48 * MiB)
+    first, second = _open(host), _open(host)
+    assert _replies(first, ("put", 1, 0), ("sync", 0), segments=[np.ones(4 * MiB)]) == [("ok", 0)]
+    ((kind, rid, error, message), reported) = _replies(second, ("put", 1, 0), ("get", 2, 1), ("sync", 3),
+                                                       segments=[np.ones(4 * MiB)])
+    assert (kind, error) == ("error", "ResourceLimitError") and reported == ("error", 3, error, message)
+    assert message.startswith(f"put of tensor 1: {32 * MiB} more bytes would exceed the peer's memory budget of "
+                              f"{48 * MiB} bytes (")
+    host.close(first)
+    assert _replies(second, ("put", 1, 0), ("sync", 0), segments=[np.ones(4 * MiB)]) == [("ok", 0)]
+    host.close(second)
+    assert host.budget.used == host.pool.total  # every session's bytes came back
+
+
+def test_an_ops_outputs_and_its_kernels_scratch_are_counted_before_it_runs():
+    session = _open(_host(session_bytes=16 * MiB, tensor_bytes=4 * MiB))
+    x, w = np.ones((1, 1, 1, 1)), np.ones((1, 1, 1, 1))
+    _replies(session, ("put", 1, 0), ("put", 2, 1), segments=[x, w])
+    # a padded copy of (1 + 2·2500)² float64 elements: 200 MB for a 1-element input, refused before it exists
+    ((_, _, kind, message),) = _replies(session, ("op", "conv2d", (1, 2), (3,), {"padding": 2500, "stride": 2500}), ("get", 4, 3))
+    assert kind == "ResourceLimitError" and message.startswith("conv2d: ") and "quota of 16777216 bytes" in message
+    assert _replies(session, ("op", "conv2d", (1, 2), (5,), {"padding": 10}), ("shape", 6, (5,))) == [
+        ("shapes", 6, ((1, 1, 21, 21),))]
+    # nonzero's outputs are counted at their largest, one int64 per element of its input
+    mask = np.zeros(3 * MiB, dtype=bool)
+    mask[::1000] = True
+    _replies(session, ("put", 7, 0), segments=[mask])
+    ((_, _, kind, message),) = _replies(session, ("op", "nonzero", (7,), (8,), {}), ("get", 9, 8))
+    assert kind == "ResourceLimitError" and message.startswith(f"nonzero: {24 * MiB} more bytes would exceed")
+    assert session.used == 3 * MiB + 16 + 21 * 21 * 8  # nothing refused is counted
+
+
+def test_data_dependent_outputs_are_checked_against_the_tensor_limit_once_their_size_is_known():
+    session = _open(_host(tensor_bytes=64 * 1024))
+    mask = np.zeros(1 << 16, dtype=bool)
+    mask[:100] = True
+    _replies(session, ("put", 1, 0), segments=[mask])
+    assert _replies(session, ("op", "nonzero", (1,), (2,), {}), ("shape", 3, (2,))) == [("shapes", 3, ((100,),))]
+    mask[:] = True
+    _replies(session, ("put", 4, 0), segments=[mask])
+    ((_, _, kind, message),) = _replies(session, ("op", "nonzero", (4,), (5,), {}), ("get", 6, 5))
+    assert (kind, message) == ("ResourceLimitError", "nonzero: an output of shape (65536,) int64 exceeds the peer's "
+                                                     "tensor limit of 65536 bytes")
+
+
+def test_diff_with_a_huge_n_is_answered_at_once():
+    session = _open(_host())
+    start = time.monotonic()
+    (_, segments) = _send(session, ("put", 1, 0), ("op", "diff", (1,), (2,), {"n": 2**62}), ("get", 3, 2),
+                          segments=[np.arange(5.0)])
+    assert time.monotonic() - start < 1
+    assert _replies(session, ("shape", 4, (2,))) == [("shapes", 4, ((0,),))]
+
+
+def test_a_reply_holds_one_copy_of_a_tensor_however_often_a_batch_reads_it():
+    session = _open(_host())
+    _replies(session, ("put", 1, 0), ("op", "permute_dims", (1,), (2,), {"axes": (1, 0)}), segments=[np.ones((512, 256))])
+    frames = session.handle(Frame({"t": "batch", "m": tuple(("get", k, 2) for k in range(300))}, []))
+    ((header, segments),) = frames
+    assert len(segments) == 1 and header["m"] == [("data", k, 0) for k in range(300)]
+    assert segments[0].flags.c_contiguous and session.replying == MiB  # the transposed tensor's one copy, counted
+    np.testing.assert_array_equal(segments[0], np.ones((256, 512)))
+    session.handle(Frame({"t": "batch", "m": ()}, []))
+    assert session.replying == 0  # sent by the time the next frame came: given back
+    # an op that writes a tensor again between two reads of it is read again
+    frames = session.handle(Frame({"t": "batch", "m": (("get", 1, 2), ("op", "negative", (1,), (2,), {}), ("get", 2, 2))}, []))
+    ((header, (before, after)),) = frames
+    assert header["m"] == [("data", 1, 0), ("data", 2, 1)] and before[0, 0] == 1 and after[0, 0] == -1
+
+
+def test_a_graph_counts_its_constants_while_registered_and_its_intermediates_while_it_runs():
+    with em.capture() as cap:
+        a = cap.input((1024,), em.float64, "a")
+        big = em.asarray(np.ones((1024, 1024)), device=cap.device)  # an 8 MiB constant
+        cap.output(em.sum(big * a), "y")
+    graph = cap.graph
+    session = _open(_host(session_bytes=24 * MiB))
+    message = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
+               tuple(op[:4] for op in graph.ops), tuple((i, k) for k, i in enumerate(graph.constants)))
+    _replies(session, message, ("put", 1, 1), segments=[*graph.constants.values(), np.ones(1024)])
+    assert session.used == 8 * MiB + 8192
+    (data,), segments = _send(session, ("run", 7, (1,), (2,)), ("get", 3, 2))
+    assert data[0] == "data"
+    ((_, _, kind, text),) = _replies(session, ("put", 4, 0), ("run", 7, (1,), (5,)), ("get", 6, 5),
+                                     segments=[np.ones(1024 * 1024)])  # 8 MiB more: no room for big * a
+    assert kind == "ResourceLimitError" and text.startswith("run of graph 7: ")
+    _replies(session, ("forget", 7))
+    assert session.used == 8192 + 8 + 8 * MiB
+
+
+def test_idle_pool_buffers_count_against_the_budget_and_give_way_first():
+    host = _host(session_bytes=1 << 40, memory=40 * MiB)
+    session = _open(host)
+    for k, size in enumerate((4 * MiB, 6 * MiB, 8 * MiB)):  # distinct sizes: the pool keeps each when dropped
+        _replies(session, ("put", k, 0), segments=[np.ones(size // 8)])
+        _replies(session, ("drop", (k,)))
+    assert host.pool.total == 18 * MiB and host.budget.used <= 40 * MiB
+    assert _replies(session, ("put", 9, 0), ("sync", 0), segments=[np.ones(30 * MiB // 8)]) == [("ok", 0)]
+    assert host.pool.total <= 10 * MiB and host.budget.used <= 40 * MiB  # the pool let buffers go for it
+
+
+def test_the_meta_rule_cache_is_bounded_for_the_whole_process_and_keeps_no_huge_keys():
+    before = len(table._META_CACHE)
+    for _ in range(2):  # the meta rule accepts it; the kernel then fails, as it did on a peer
+        with pytest.raises(em.ExecutionError, match="^reshape: maximum supported dimension"):
+            em.reshape(em.ones(1), (1,) * 100_000)
+    assert len(table._META_CACHE) <= before + 1  # the 100,000-dimension shape is computed, not kept
+    for n in range(table.META_CACHE_ENTRIES + 10):
+        em.zeros((n % 997, n // 997 + 1))
+    assert len(table._META_CACHE) <= table.META_CACHE_ENTRIES
+
+
+MESSAGES = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.integers(0, 5), st.integers(0, 262_144)),  # up to the tensor limit
+    st.tuples(st.just("op"), st.sampled_from(["negative", "tile", "nonzero", "matmul"]), st.integers(0, 5), st.integers(0, 5)),
+    st.tuples(st.just("get"), st.integers(0, 5)),
+    st.tuples(st.just("drop"), st.integers(0, 5)),
+), max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(first=MESSAGES, second=MESSAGES)
+def test_accounting_balances_whatever_two_sessions_do(first, second):
+    host = _host(session_bytes=3 * MiB, memory=5 * MiB, tensor_bytes=2 * MiB)
+    sessions = [_open(host), _open(host)]
+    for session, script in zip(sessions, (first, second)):
+        for step in script:
+            if step[0] == "put":
+                _send(session, ("put", step[1], 0), segments=[np.ones(step[2])])
+            elif step[0] == "op":
+                attrs = {"repetitions": (64,)} if step[1] == "tile" else {}
+                _send(session, ("op", step[1], (step[2],) * (2 if step[1] == "matmul" else 1), (step[3],), attrs))
+            elif step[0] == "get":
+                _send(session, ("get", 0, step[1]))
+            else:
+                _send(session, ("drop", (step[1],)))
+            assert session.used == session.live_bytes() + session.replying  # all a session holds between frames
+            assert host.budget.used == sum(s.used + s.credit for s in sessions) + host.pool.total
+            assert session.used <= 3 * MiB and host.budget.used <= 5 * MiB
+    for session in sessions:
+        host.close(session)
+    assert host.budget.used == host.pool.total
