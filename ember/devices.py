@@ -176,7 +176,7 @@ class AutodiffDevice(Device):
 
     def _make_engine(self):
         from .engines.autodiff import AutodiffEngine
-        return AutodiffEngine(self, self._inner)
+        return AutodiffEngine(self._inner)
 
     @property
     def hardware(self) -> tuple:

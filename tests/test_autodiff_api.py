@@ -107,3 +107,31 @@ def test_an_in_place_update_of_a_leaf_must_be_under_no_grad():
     np.testing.assert_array_equal(em.asnumpy(w), [0.5, 1.5, 2.5])
     em.sum(w * w).backward()
     np.testing.assert_array_equal(em.asnumpy(w.grad), [1.0, 3.0, 5.0])
+
+
+def test_a_gradient_is_an_array_that_can_itself_be_tracked_and_differentiated():
+    x = _leaf()
+    em.sum(x * x).backward()  # x.grad = 2x
+    y = _leaf((4.0, 5.0, 6.0))
+    em.sum(y * x.grad).backward()  # d/dy sum(y · 2x) = 2x
+    np.testing.assert_array_equal(em.asnumpy(y.grad), [2.0, 4.0, 6.0])
+    assert x.grad.device is TRACKED and x.grad.shape == (3,) and x.grad.dtype == em.float64
+
+
+def test_an_argument_the_function_ignores_gets_zeros_on_the_plain_device():
+    x, unused = em.asarray([1.0, 2.0]), em.asarray([3.0, 4.0, 5.0])
+    gx, gu = em.grad(lambda a, b: em.sum(a * a), argnums=(0, 1))(x, unused)
+    assert gu.device == em.device("numpy") and not gu.requires_grad and gx.device == em.device("numpy")
+    np.testing.assert_array_equal(em.asnumpy(gu), [0.0, 0.0, 0.0])
+
+
+def test_a_tracked_array_converts_to_numpy_like_any_other():
+    x = _leaf()
+    np.testing.assert_array_equal(np.asarray(x * 2), [2.0, 4.0, 6.0])
+
+
+def test_backward_through_an_op_without_a_gradient_rule_says_why():
+    a = em.asarray(np.eye(3) + 0.1, device=TRACKED).requires_grad_()
+    q, r = em.linalg.qr(a)
+    with pytest.raises(em.NotSupportedError, match=r"^backward: qr: gradients are not implemented yet$"):
+        em.sum(r).backward()

@@ -32,8 +32,9 @@ class Backend:
     def dtype_of(self, native) -> dt.DType:
         raise NotImplementedError
 
-    def from_host(self, host: np.ndarray, copy: bool | None = None) -> Any:
-        """A native array holding ``host``'s data on this device."""
+    def from_host(self, host: np.ndarray) -> Any:
+        """A native array holding ``host``'s data on this device (sharing its memory where it can:
+        ``asarray`` has already copied when the caller asked for a copy)."""
         raise NotImplementedError
 
     def to_host(self, native) -> np.ndarray:

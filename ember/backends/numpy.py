@@ -196,8 +196,8 @@ class NumpyBackend(Backend):
     def dtype_of(self, native) -> dt.DType:
         return EMBER[native.dtype]
 
-    def from_host(self, host, copy=None):
-        return np.array(host, copy=True) if copy else host
+    def from_host(self, host):
+        return host
 
     def to_host(self, native):
         return native

@@ -461,17 +461,14 @@ class TorchBackend(Backend):
         except KeyError:
             raise NotSupportedError(f"torch dtype {native.dtype} is not supported by ember") from None
 
-    def from_host(self, host: np.ndarray, copy=None):
+    def from_host(self, host: np.ndarray):
         if host.dtype.kind == "u" and host.dtype.itemsize > 1:
             raise NotSupportedError(f"{self.device_name} does not support {host.dtype} (PyTorch lacks unsigned "
                                     f"arithmetic beyond uint8)")
         if not host.flags.writeable or any(s < 0 for s in host.strides):
             host = np.array(host)  # torch.from_numpy needs writable, non-negative strides
-            copy = False
         tensor = torch.from_numpy(host)
-        if self.device.type != "cpu":
-            return tensor.to(self.device)
-        return tensor.clone() if copy else tensor
+        return tensor if self.device.type == "cpu" else tensor.to(self.device)
 
     def to_host(self, native) -> np.ndarray:
         return native.detach().cpu().resolve_conj().resolve_neg().numpy()

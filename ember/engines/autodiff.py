@@ -53,8 +53,7 @@ def _tape_input(value, meta: Meta):
 class AutodiffEngine(Engine):
     """Gradient tracking over the engine of ``inner_device``."""
 
-    def __init__(self, device, inner_device):
-        self.device = device
+    def __init__(self, inner_device):
         self.inner_device = inner_device
 
     @property
@@ -82,8 +81,8 @@ class AutodiffEngine(Engine):
         node = OpRecord(op.name, tuple(map(_tape_input, inputs, in_metas)), outs, attrs, metas)
         return tuple(Var(o, m, node, i) for i, (o, m) in enumerate(zip(outs, metas))), metas
 
-    def upload(self, host, copy=None) -> Var:
-        return Var(self.inner.upload(host, copy), Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]))
+    def upload(self, host) -> Var:
+        return Var(self.inner.upload(host), Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]))
 
     def download(self, handle: Var):
         return self.inner.download(handle.handle)

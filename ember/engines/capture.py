@@ -76,7 +76,7 @@ class CaptureEngine(Engine):
         return UndeclaredInputError(f"{what}: an array on {other} met a captured one; a capture only sees its declared "
                                     f"inputs (cap.input) and constants (em.asarray(value, device=cap.device))")
 
-    def upload(self, host: np.ndarray, copy=None) -> Node:
+    def upload(self, host: np.ndarray) -> Node:
         if self.scope is not None and self.scope.closed:
             raise ScopeClosedError("asarray: this capture scope is closed")
         value = np.array(host, copy=True)  # a constant keeps the value it had when captured

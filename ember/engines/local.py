@@ -55,8 +55,8 @@ class LocalEngine(Engine):
                 raise NotSupportedError(f"{op.name}: {self.backend.device_name} does not support {meta.dtype} results; "
                                         f"ask for another dtype (e.g. dtype=int64)")
 
-    def upload(self, host: np.ndarray, copy: bool | None = None):
-        return self.backend.from_host(host, copy)
+    def upload(self, host: np.ndarray):
+        return self.backend.from_host(host)
 
     def download(self, handle) -> np.ndarray:
         return self.backend.to_host(handle)

@@ -19,7 +19,7 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError, TLSError
+from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError, ResourceLimitError, TLSError
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Limits
@@ -142,12 +142,12 @@ class RemoteEngine(Engine):
                 self.flush()
         return outs
 
-    def upload(self, host: np.ndarray, copy=None) -> RemoteHandle:
+    def upload(self, host: np.ndarray) -> RemoteHandle:
         if self.lost is not None:
             raise self.lost
         if host.nbytes > self.limits.max_tensor_bytes:
-            raise ProtocolError(f"upload: a tensor of {host.nbytes} bytes exceeds {self.device}'s limit of "
-                                f"{self.limits.max_tensor_bytes} bytes")
+            raise ResourceLimitError(f"upload: a tensor of {host.nbytes} bytes exceeds {self.device}'s limit of "
+                                     f"{self.limits.max_tensor_bytes} bytes")
         if host.dtype.name not in self.dtypes:
             from ..errors import NotSupportedError
             raise NotSupportedError(f"upload: {self.device} ({self.info.get('device')}) does not support {host.dtype}")

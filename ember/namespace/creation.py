@@ -98,7 +98,7 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None) -> Array:
     host = _host_array(obj, dtype, copy)
     engine = target.engine
     meta = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
-    return Array._new(engine.upload(host, copy=copy), meta, target)
+    return Array._new(engine.upload(host), meta, target)  # host is already a copy where copy=True asked for one
 
 
 def _from_array(x: Array, dtype, device, copy) -> Array:
