@@ -8,6 +8,7 @@ through the frame reader (which declines a tensor the session has no room for).
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -212,3 +213,52 @@ def test_accounting_balances_whatever_two_sessions_do(first, second):
     for session in sessions:
         host.close(session)
     assert host.budget.used == host.pool.total
+
+
+# sizable inputs, so a kernel's own temporaries dwarf the interpreter's
+SCRATCH_CASES = {
+    "conv2d": ([(2, 3, 64, 64), (4, 3, 3, 3)], {"padding": 8}),
+    "conv2d_input_grad": ([(2, 4, 62, 62), (4, 3, 5, 5)], {"shape": (2, 3, 64, 64), "padding": 1}),
+    "conv2d_weight_grad": ([(2, 3, 64, 64), (2, 4, 62, 62)], {"shape": (4, 3, 5, 5), "padding": 1}),
+    "max_pool2d": ([(2, 3, 64, 64)], {"kernel_size": 4, "stride": 1, "padding": 2}),
+    "avg_pool2d": ([(2, 3, 64, 64)], {"kernel_size": 4, "stride": 1, "padding": 2}),
+    "max_pool2d_grad": ([(2, 3, 64, 64), (2, 3, 65, 65)], {"kernel_size": 4, "stride": 1, "padding": 2}),
+    "scaled_dot_product_attention": ([(2, 256, 16), (2, 512, 16), (2, 512, 16)], {}),
+}
+
+
+def test_every_row_with_a_scratch_rule_is_measured():
+    assert SCRATCH_CASES.keys() == {name for name, op in table_ops().items() if op.scratch is not None}
+
+
+def table_ops():
+    from ember.ops import OPS
+    return OPS
+
+
+@pytest.mark.parametrize("name", sorted(SCRATCH_CASES))
+def test_a_scratch_rule_bounds_what_the_numpy_kernel_holds(name):
+    """The bytes a kernel holds at its peak beyond its inputs and outputs are within the row's
+    scratch rule (plus 64 KiB of interpreter noise), and the rule is not wildly above them."""
+    import tracemalloc
+
+    from ember.dtypes import FROM_NUMPY
+    from ember.ops.table import Meta
+    op = table_ops()[name]
+    shapes, attrs = SCRATCH_CASES[name]
+    arrays = [np.random.default_rng(0).standard_normal(s) for s in shapes]
+    metas = tuple(Meta(a.shape, FROM_NUMPY[a.dtype]) for a in arrays)
+    full, outs = op.infer(metas, {**op.attrs, **attrs})
+    kernel = em.device("numpy").engine.backend.kernels[name]
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        result = kernel(*arrays, **full)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    held = peak - sum(math.prod(m.shape) * m.dtype.itemsize for m in outs)
+    scratch = op.scratch(metas, outs, full)
+    assert np.asarray(result).shape == outs[0].shape
+    assert held <= scratch + (64 << 10), f"{name}: the kernel held {held} bytes beyond its outputs; the rule says {scratch}"
+    assert scratch <= 4 * max(held, 1 << 16), f"{name}: the rule says {scratch} bytes; the kernel held {held}"

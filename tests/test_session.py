@@ -113,7 +113,8 @@ def test_a_tensor_over_the_sessions_limit_is_refused_before_it_runs():
     _batch(session, ("op", "tile", (1,), (2,), {"repetitions": (100,)}))
     assert 2 not in session.tensors or not isinstance(session.tensors[2], np.ndarray)  # nothing was allocated
     assert _replies(_batch(session, ("get", 3, 2))) == [
-        ("error", 3, "ResourceLimitError", "tile: an output of shape (1600,) float64 exceeds the peer's tensor limit of 1024 bytes")]
+        ("error", 3, "ResourceLimitError",
+         "tile: an output of shape (1600,) float64 exceeds the peer's tensor limit of 1024 bytes")]
     assert _replies(_batch(session, ("shape", 4, (1,)))) == [("shapes", 4, ((16,),))]  # the session goes on
 
 
@@ -421,7 +422,8 @@ def test_an_output_exactly_at_the_tensor_limit_is_allowed_one_element_more_is_no
            ("op", "full", (), (2,), {"shape": (129,), "fill_value": 1.0}))
     assert _replies(_batch(session, ("shape", 3, (1,)), ("get", 4, 2))) == [
         ("shapes", 3, ((128,),)),
-        ("error", 4, "ResourceLimitError", "full: an output of shape (129,) float64 exceeds the peer's tensor limit of 1024 bytes")]
+        ("error", 4, "ResourceLimitError",
+         "full: an output of shape (129,) float64 exceeds the peer's tensor limit of 1024 bytes")]
 
 
 def test_a_graph_whose_kernel_raises_an_ember_error_keeps_its_kind():

@@ -300,7 +300,8 @@ define(Op("conv2d_input_grad", ("g", "weight"), {"shape": REQUIRED, **_CONV_ATTR
 define(Op("conv2d_weight_grad", ("x", "g"), {"shape": REQUIRED, **_CONV_ATTRS}, _conv_weight_grad_meta, _conv_grad_canon,
           family="nn", promote_inputs=True, grad=_second_order("conv2d_weight_grad"),
           scratch=lambda ins, outs, attrs: (_windows_bytes(ins[0].shape, ins[1].shape[2:], attrs["shape"][2:], ins[0].dtype)
-                                            + _padded_bytes(ins[0].shape, attrs["padding"], ins[0].dtype)),
+                                            + _padded_bytes(ins[0].shape, attrs["padding"], ins[0].dtype)
+                                            + 2 * math.prod(ins[1].shape) * ins[1].dtype.itemsize),  # g reordered
           doc="The cotangent of conv2d's weight for input x and output cotangent g."))
 
 
@@ -334,9 +335,12 @@ def _avg_pool_grad(xp, g, out, x, kernel_size, stride, padding):
 
 
 def _pool_scratch(ins, outs, attrs) -> int:
-    x, windows = ins[0], outs[0] if len(ins) == 1 else ins[1]  # the pooled output (or its cotangent) is (N, C, OH, OW)
-    return (_padded_bytes(x.shape, attrs["padding"], x.dtype)
-            + 2 * _windows_bytes(x.shape, windows.shape[2:], attrs["kernel_size"], x.dtype))
+    """A pool reduces strided windows of the padded input in place; its gradient unfolds them twice."""
+    x = ins[0]
+    padded = _padded_bytes(x.shape, attrs["padding"], x.dtype)
+    if len(ins) == 1:
+        return padded
+    return padded + 2 * _windows_bytes(x.shape, ins[1].shape[2:], attrs["kernel_size"], x.dtype)
 
 
 for _name, _grad, _doc in (("max_pool2d", _max_pool_grad, "Maximum over 2-d windows of NCHW input."),
@@ -380,7 +384,8 @@ def _attention_grad(xp, g, out, q, k, v, *mask, is_causal, scale):
 
 def _attention_scratch(ins, outs, attrs) -> int:
     q, k = ins[0], ins[1]
-    return 2 * math.prod(q.shape[:-1]) * k.shape[-2] * q.dtype.itemsize  # the (…, L, S) scores and their softmax
+    # the (…, L, S) scores, their shifted exponentials and the softmax, with a temporary beside them
+    return 4 * math.prod(q.shape[:-1]) * k.shape[-2] * q.dtype.itemsize
 
 
 define(Op("scaled_dot_product_attention", ("q", "k", "v", "*mask"), {"is_causal": False, "scale": None}, _attention_meta,
