@@ -164,6 +164,7 @@ def test_each_refusal_says_exactly_why(header, kind, reason):
     (("op", "negative", 1, (2,), {}), "an op message is (name, inputs, outputs, attrs)"),
     (("op", "negative", (1,), (2,), ()), "an op message is (name, inputs, outputs, attrs)"),
     (("op", "add", (1, (1.0, "float99")), (2,), {}), "add: malformed literal input (1.0, 'float99')"),
+    (("op", "add", (1, (1.0, {"float64": 1})), (2,), {}), "add: malformed literal input (1.0, {'float64': 1})"),
 ])
 def test_a_malformed_message_is_refused_naming_it(message, refusal):
     session = _open(_host())
@@ -272,6 +273,8 @@ INV, ADD = ("inv", (0,), (1,), {}), ("add", (1, 2), (3,), {})  # _captured()'s r
     ((INV, ("add", (1, 2), (3,))), None, "ProtocolError",
      "a record is (name, inputs, outputs, attrs), got ('add', (1, 2), (3,))"),
     ((INV, ("add", [1, 2], (3,), {})), None, "ProtocolError", "add: a record is (name, inputs, outputs, attrs)"),
+    ((INV, ("add", (1, 2), (3,), ())), None, "ProtocolError", "add: a record is (name, inputs, outputs, attrs)"),
+    ((INV, ("add", (1, 2), 3, {})), None, "ProtocolError", "add: a record is (name, inputs, outputs, attrs)"),
     ((INV, ("reshape", (1,), (3,), {"shape": (3,)})), None, "ShapeError",
      "reshape: cannot reshape array of size 4 into shape (3,)"),
     ((INV, ("nonzero", (1,), (3, 4), {})), None, "ProtocolError", "nonzero: data-dependent shapes cannot be part of a graph"),
@@ -391,6 +394,13 @@ def test_a_refusal_lists_every_hosted_device():
     session, ((reply, _),) = Host(devices, None, Limits()).open(Frame({"t": "init", "v": wire.VERSION, "device": 2}, []),
                                                                 BufferPool())
     assert session is None and reply["reason"] == "this peer hosts 2 device(s) (numpy, numpy); index 2 does not exist"
+
+
+def test_an_op_name_that_is_not_a_string_is_an_unknown_op():
+    session = _open(_host())
+    _batch(session, ("put", 1, 0), ("op", {"add": 1}, (1,), (2,), {}), ("op", 7, (1,), (3,), {}), segments=[np.ones(2)])
+    assert _replies(_batch(session, ("get", 4, 2), ("get", 5, 3))) == [
+        ("error", 4, "ProtocolError", "unknown op {'add': 1}"), ("error", 5, "ProtocolError", "unknown op 7")]
 
 
 def test_single_ops_take_literals_anywhere_unknown_references_fail_and_id_0_is_an_output():
