@@ -35,9 +35,10 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
                  ["tests/test_autodiff_api.py", "tests/test_autodiff.py", "tests/test_array.py", "tests/test_optim.py"]),
     "graphs": (["ember/graphs/*"], ["tests/test_capture.py", "tests/test_graph_files.py", "tests/test_readme.py"]),
     "wire": (["ember/wire/protocol.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
-    "session": (["ember/remote/session.py"], ["tests/test_session.py", "tests/test_remote.py"]),
+    "session": (["ember/remote/session.py"], ["tests/test_session.py", "tests/test_budget.py", "tests/test_remote.py"]),
     "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],
-                 ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_graph_files.py"]),
+                 ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_autodiff_api.py", "tests/test_graph_files.py",
+                  "tests/test_session.py", "tests/test_budget.py"]),
 }
 LEFT_OUT = [
     "--deselect=tests/test_train.py::test_the_example_reaches_95_percent",  # a 400-step subprocess: slow
