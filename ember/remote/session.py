@@ -175,6 +175,11 @@ class Poison:
         self.kind, self.message = kind, message
 
 
+def _check_id(tid) -> None:
+    if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+        raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
+
+
 def _nbytes(meta: Meta) -> int:
     return math.prod(meta.shape) * meta.dtype.itemsize
 
@@ -267,8 +272,7 @@ class Session:
 
     def _store(self, tid, value, meta: Meta | None, what: str = "put", counted: bool = False) -> None:
         """Keep ``value`` as tensor ``tid`` (a Poison has no meta), counting its bytes unless ``counted``."""
-        if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
-            raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
+        _check_id(tid)
         old = self.metas.pop(tid, None)
         self.tensors.pop(tid, None)
         if old is not None:
@@ -405,6 +409,7 @@ class Session:
         if host is None:  # declined while it was received: the quota or the budget had no room
             self._poison((tid,), "ResourceLimitError", f"put of tensor {tid}: {self._reason(frame_segments, index)}")
             return
+        _check_id(tid)  # before its buffer's reservation passes to the tensor
         counted = self._received.pop(id(host), None) is not None
         handle = self.engine.upload(host)
         self._store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]), "put", counted)

@@ -1,0 +1,141 @@
+"""Fuzzing the peer's session with mutated real traffic.
+
+The frames a real client sent a real peer (over TCP, for a small job: uploads, ops, reads, a
+jitted function registered and run) are recorded once; hypothesis then mutates them byte by
+byte — flips, truncations, repeats, insertions — and feeds them through the frame reader into
+the sans-I/O session. Whatever arrives, the session answers with well-formed replies or refuses
+the frame with a ProtocolError (the shell then closes that connection); nothing else escapes,
+its memory accounting still balances, and it still computes correctly afterwards.
+tools/fuzz.py runs the same mutations for longer against a real ``ember serve``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ember as em
+from ember.errors import ProtocolError
+from ember.remote.session import Budget, Host, hosted_devices
+from ember.wire import protocol as wire
+from ember.wire.protocol import Frame, FrameReader, Limits
+
+from .recorded import record_traffic
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def traffic() -> list[bytes]:
+    return record_traffic()
+
+
+def _session(host):
+    session, _ = host.open(Frame({"t": "init", "v": wire.VERSION}, []))
+    return session
+
+
+MUTATIONS = st.one_of(
+    st.tuples(st.just("message"), st.integers(0, 1 << 20), st.integers(0, 1 << 10)),
+    st.tuples(st.just("message"), st.integers(0, 1 << 20), st.integers(0, 1 << 10)),
+    st.tuples(st.just("flip"), st.integers(0, 1 << 20), st.integers(1, 255)),
+    st.tuples(st.just("truncate"), st.integers(0, 1 << 20), st.just(0)),
+    st.tuples(st.just("repeat"), st.integers(0, 1 << 20), st.integers(1, 64)),
+    st.tuples(st.just("insert"), st.integers(0, 1 << 20), st.integers(0, 255)),
+)
+
+
+ODD_VALUES = [None, True, -1, 0, 2**63 - 1, -2**63, 1.5, float("nan"), "", "op", "float64", b"\x00", (), (1,), ((),),
+              {}, {"axis": 0}, (1.0, "float64"), (1.0, "no_such_dtype"), tuple(range(70)), em.float64, 1j]
+
+
+def _leaves(value, path=()):
+    """Paths to every leaf and container of a decoded header, for replacing one."""
+    yield path
+    if isinstance(value, tuple):
+        for k, item in enumerate(value):
+            yield from _leaves(item, path + (k,))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, path + (key,))
+
+
+def _replaced(value, path, new):
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, tuple):
+        return value[:head] + (_replaced(value[head], rest, new),) + value[head + 1:]
+    return {**value, head: _replaced(value[head], rest, new)}
+
+
+def mutate_message(data: bytes, where: int, odd: int) -> bytes:
+    """``data``'s frame with one value anywhere in its header replaced by an odd one, re-encoded."""
+    (frame,) = FrameReader().feed(data)
+    header = {k: v for k, v in frame.header.items() if k != "seg"}
+    paths = list(_leaves(header))[1:]  # not the header itself: a frame's header is a map by construction here
+    header = _replaced(header, paths[where % len(paths)], ODD_VALUES[odd % len(ODD_VALUES)])
+    return b"".join(bytes(b) for b in wire.encode_frame(header, frame.segments))
+
+
+def mutate(data: bytes, mutations) -> bytes:
+    """``data`` with each mutation applied at its position (modulo the length)."""
+    for kind, position, value in mutations:  # message-level ones first, while the frame still decodes
+        if kind == "message":
+            data = mutate_message(data, position, value)
+    data = bytearray(data)
+    for kind, position, value in mutations:
+        at = position % max(len(data), 1)
+        if kind == "flip" and data:
+            data[at] ^= value
+        elif kind == "truncate":
+            del data[at:]
+        elif kind == "repeat":
+            data[at:at] = data[at:at + value]
+        elif kind == "insert":
+            data[at:at] = bytes([value])
+    return bytes(data)
+
+
+FUZZ_EXAMPLES = int(os.environ.get("EMBER_FUZZ_EXAMPLES", "300"))  # 20,000 run in ~25 s
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pick=st.integers(0, 10_000), mutations=st.lists(MUTATIONS, min_size=1, max_size=4))
+def test_mutated_traffic_is_answered_or_refused_and_the_session_still_computes(traffic, pick, mutations):
+    host = Host(hosted_devices("numpy"), None, Limits(max_tensor_bytes=4 * MiB, max_session_bytes=16 * MiB), Budget(32 * MiB))
+    session = _session(host)
+    target = pick % len(traffic)
+    reader = FrameReader(session.limits, session.allocate)
+    refused = False
+    for k, data in enumerate(traffic[:target + 1]):
+        try:
+            for frame in reader.feed(mutate(data, mutations) if k == target else data):
+                for header, segments in session.handle(frame):
+                    assert header["t"] == "reply" and isinstance(header["m"], list)
+                    wire.encode_frame(header, segments)  # every reply can be sent
+        except ProtocolError:
+            refused = True  # the shell closes this connection; nothing else may escape
+            break
+    assert host.budget.used == session.used + session.credit + host.pool.total
+    assert session.used == session.live_bytes() + session.replying + sum(g[5] for g in session.graphs.values()) + \
+        sum(session._received.values())
+    if not refused:  # what it kept still works beside new work
+        x, fresh = np.arange(5.0), 10**9
+        work = (("put", fresh, 0), ("op", "multiply", (fresh, (2.0, "float64")), (fresh + 1,), {}), ("get", 1, fresh + 1))
+        (reply, (out,)), = session.handle(Frame({"t": "batch", "m": work}, [x]))
+        np.testing.assert_array_equal(out, x * 2)
+    host.close(session)
+    assert host.budget.used == host.pool.total
+
+
+def test_the_recorded_traffic_is_a_real_job(traffic):
+    kinds = set()
+    for data in traffic:
+        for frame in FrameReader().feed(data):
+            kinds |= {m[0] for m in frame.header.get("m", ())}
+    assert {"put", "op", "get", "graph", "run", "drop"} <= kinds and len(traffic) >= 5
