@@ -111,18 +111,19 @@ class CapturedGraph:
 
     def __str__(self) -> str:
         counts = self.op_counts()
-        lines = [f"CapturedGraph: {len(self.ops)} ops, {len(self.inputs)} inputs, {len(self.outputs)} outputs, "
-                 f"{len(self.constants)} constants ({format_bytes(self.constant_bytes())}), ~{_count(self.flops())} flops"]
+        lines = [f"CapturedGraph: {_many(len(self.ops), 'op')}, {_many(len(self.inputs), 'input')}, "
+                 f"{_many(len(self.outputs), 'output')}, {_many(len(self.constants), 'constant')} "
+                 f"({format_bytes(self.constant_bytes())}), ~{_count(self.flops())} flops"]
         shown = 6  # a summary, not a listing: to_json() has everything
         for name, _, meta in self.inputs[:shown]:
             lines.append(f"  input  {name}: {fmt_shape(meta.shape)} {meta.dtype}")
         if len(self.inputs) > shown:
-            lines.append(f"  … and {len(self.inputs) - shown} more inputs")
+            lines.append(f"  … and {_many(len(self.inputs) - shown, 'more input')}")
         for name, node in self.outputs[:shown]:
             meta = self.metas[node]
             lines.append(f"  output {name}: {fmt_shape(meta.shape)} {meta.dtype}")
         if len(self.outputs) > shown:
-            lines.append(f"  … and {len(self.outputs) - shown} more outputs")
+            lines.append(f"  … and {_many(len(self.outputs) - shown, 'more output')}")
         lines.append("  ops: " + ", ".join(f"{name} ×{n}" for name, n in counts.most_common()))
         return "\n".join(lines)
 
@@ -224,6 +225,10 @@ def format_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def _many(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _count(n: int) -> str:
