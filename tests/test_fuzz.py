@@ -18,13 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ember as em
 from ember.errors import ProtocolError
 from ember.remote.session import Budget, Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, FrameReader, Limits
 
-from .recorded import record_traffic
+from .traffic import mutate, record_traffic
 
 MiB = 1 << 20
 
@@ -47,58 +46,6 @@ MUTATIONS = st.one_of(
     st.tuples(st.just("repeat"), st.integers(0, 1 << 20), st.integers(1, 64)),
     st.tuples(st.just("insert"), st.integers(0, 1 << 20), st.integers(0, 255)),
 )
-
-
-ODD_VALUES = [None, True, -1, 0, 2**63 - 1, -2**63, 1.5, float("nan"), "", "op", "float64", b"\x00", (), (1,), ((),),
-              {}, {"axis": 0}, (1.0, "float64"), (1.0, "no_such_dtype"), tuple(range(70)), em.float64, 1j]
-
-
-def _leaves(value, path=()):
-    """Paths to every leaf and container of a decoded header, for replacing one."""
-    yield path
-    if isinstance(value, tuple):
-        for k, item in enumerate(value):
-            yield from _leaves(item, path + (k,))
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _leaves(item, path + (key,))
-
-
-def _replaced(value, path, new):
-    if not path:
-        return new
-    head, rest = path[0], path[1:]
-    if isinstance(value, tuple):
-        return value[:head] + (_replaced(value[head], rest, new),) + value[head + 1:]
-    return {**value, head: _replaced(value[head], rest, new)}
-
-
-def mutate_message(data: bytes, where: int, odd: int) -> bytes:
-    """``data``'s frame with one value anywhere in its header replaced by an odd one, re-encoded."""
-    (frame,) = FrameReader().feed(data)
-    header = {k: v for k, v in frame.header.items() if k != "seg"}
-    paths = list(_leaves(header))[1:]  # not the header itself: a frame's header is a map by construction here
-    header = _replaced(header, paths[where % len(paths)], ODD_VALUES[odd % len(ODD_VALUES)])
-    return b"".join(bytes(b) for b in wire.encode_frame(header, frame.segments))
-
-
-def mutate(data: bytes, mutations) -> bytes:
-    """``data`` with each mutation applied at its position (modulo the length)."""
-    for kind, position, value in mutations:  # message-level ones first, while the frame still decodes
-        if kind == "message":
-            data = mutate_message(data, position, value)
-    data = bytearray(data)
-    for kind, position, value in mutations:
-        at = position % max(len(data), 1)
-        if kind == "flip" and data:
-            data[at] ^= value
-        elif kind == "truncate":
-            del data[at:]
-        elif kind == "repeat":
-            data[at:at] = data[at:at + value]
-        elif kind == "insert":
-            data[at:at] = bytes([value])
-    return bytes(data)
 
 
 FUZZ_EXAMPLES = int(os.environ.get("EMBER_FUZZ_EXAMPLES", "300"))  # 20,000 run in ~25 s
