@@ -262,3 +262,74 @@ def test_a_scratch_rule_bounds_what_the_numpy_kernel_holds(name):
     assert np.asarray(result).shape == outs[0].shape
     assert held <= scratch + (64 << 10), f"{name}: the kernel held {held} bytes beyond its outputs; the rule says {scratch}"
     assert scratch <= 4 * max(held, 1 << 16), f"{name}: the rule says {scratch} bytes; the kernel held {held}"
+
+
+def test_the_default_budget_is_three_quarters_of_this_machines_memory(monkeypatch):
+    import os
+
+    from ember.remote import session as peer
+    total = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
+    assert abs(peer.default_memory() - total * 3 // 4) < total * 0.02  # the kernel keeps a little for itself
+    assert Budget().limit == peer.default_memory()
+
+    def no_sysconf(name):
+        raise ValueError(name)
+    monkeypatch.setattr(os, "sysconf", no_sysconf)
+    assert peer.default_memory() == 8 << 30  # where sysconf is missing: 8 GiB
+
+
+def test_a_tensor_that_arrives_already_received_is_counted_when_it_is_kept():
+    session = _open(_host(session_bytes=MiB))
+    big = np.ones(MiB // 8 + 1)  # a segment no frame reader allocated (nothing was reserved for it)
+    replies = session.handle(Frame({"t": "batch", "m": (("put", 1, 0), ("get", 2, 1), ("sync", 3))}, [big]))
+    refusal = _quota("put", MiB + 8, 0, quota=MiB)
+    assert replies[0][0]["m"] == [("error", 2, "ResourceLimitError", refusal), ("error", 3, "ResourceLimitError", refusal)]
+    assert session.used == 0 and 1 not in session.metas
+
+
+def test_a_segment_declined_before_the_frame_came_is_refused_by_its_put():
+    session = _open(_host())
+    replies = session.handle(Frame({"t": "batch", "m": (("put", 1, 0), ("get", 2, 1))}, [None]))
+    assert replies[0][0]["m"] == [("error", 2, "ResourceLimitError", "put of tensor 1: declined")]
+
+
+def test_every_output_of_an_op_and_its_scratch_count_together():
+    session = _open(_host(session_bytes=64 * 1024 + 768 * 1024))
+    mask = np.ones((256, 256), dtype=bool)  # nonzero gives two index arrays of up to 65,536 int64 each
+    _replies(session, ("put", 1, 0), segments=[mask])
+    ((_, _, kind, message),) = _replies(session, ("op", "nonzero", (1,), (2, 3), {}), ("get", 4, 2))
+    assert kind == "ResourceLimitError" and message.startswith(f"nonzero: {MiB} more bytes would exceed")
+    session = _open(_host(session_bytes=3 * MiB))
+    x, w = np.ones((1, 1, 64, 64)), np.ones((64, 1, 1, 1))  # a 2 MiB output; its parts are joined from a 2 MiB copy
+    _replies(session, ("put", 1, 0), ("put", 2, 1), segments=[x, w])
+    ((_, _, kind, message),) = _replies(session, ("op", "conv2d", (1, 2), (3,), {}), ("get", 4, 3))
+    assert kind == "ResourceLimitError" and message.startswith(f"conv2d: {4 * MiB + 32768} more bytes would exceed")
+
+
+def test_a_copy_for_a_reply_is_refused_past_the_quota_and_the_session_lives_on():
+    session = _open(_host(session_bytes=2 * MiB + 4096))
+    _replies(session, ("put", 1, 0), ("op", "permute_dims", (1,), (2,), {"axes": (1, 0)}), segments=[np.ones((256, 512))])
+    assert _replies(session, ("get", 3, 2), ("get", 4, 1)) == [
+        ("error", 3, "ResourceLimitError", _quota("get", MiB, 2 * MiB, quota=2 * MiB + 4096)), ("data", 4, 0)]
+
+
+def test_a_graphs_constants_count_while_it_is_registered_and_a_refused_graph_keeps_none():
+    with em.capture() as cap:
+        a = cap.input((16,), em.float64, "a")
+        first, second = (em.asarray(np.full(16, k), device=cap.device) for k in (1.0, 2.0))
+        cap.output(em.nn.conv2d(em.reshape(a * first + second, (1, 1, 4, 4)), em.ones((1, 1, 3, 3), device=cap.device),
+                                padding=1), "y")
+    graph = cap.graph
+    session = _open(_host())
+    register = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
+                tuple(op[:4] for op in graph.ops), tuple((i, k) for k, i in enumerate(graph.constants)))
+    constants = list(graph.constants.values())
+    (data,), (y,) = _send(session, register, ("put", 1, len(constants)), ("run", 7, (1,), (2,)), ("get", 3, 2),
+                          segments=[*constants, np.arange(16.0)])
+    expected = np.pad(np.arange(16.0) * 1 + 2, 0).reshape(4, 4)
+    padded = np.pad(expected, 1)
+    np.testing.assert_array_equal(y[0, 0], [[padded[i:i + 3, j:j + 3].sum() for j in range(4)] for i in range(4)])
+    assert session.used == sum(c.nbytes for c in constants) + 128 + 128
+    broken = register[:4] + ((("no_such_op", (0,), (99,), {}),), register[5])
+    _send(session, broken, segments=constants)  # the same number, now refused: the old graph and its constants go
+    assert session.used == 128 + 128 and session.graphs[7][4] is not None

@@ -84,7 +84,7 @@ def validate(graph: CapturedGraph) -> None:
         checked = check_records(graph.ops, known)
     except ProtocolError as error:
         raise GraphFormatError(str(error)) from None
-    for row, _, outputs, _, out_metas in checked:
+    for row, _, outputs, _, _, out_metas in checked:
         if any(graph.metas.get(i) != m for i, m in zip(outputs, out_metas)):
             raise GraphFormatError(f"{row.name}: the recorded output metas disagree with the op table")
     for name, node in graph.outputs:

@@ -82,13 +82,13 @@ def infer_record(name, in_metas: tuple, outputs: tuple, attrs: dict) -> tuple[Op
     return row, attrs, out_metas
 
 
-def check_records(records, known: dict) -> list[tuple[Op, tuple, tuple, dict, tuple]]:
+def check_records(records, known: dict) -> list[tuple[Op, tuple, tuple, dict, tuple, tuple]]:
     """Validate ``records`` in order against the op table, re-running each meta rule from the metas
     of what it reads; ``known`` (node id → Meta: the inputs and constants) gains every output.
 
     Refused with ProtocolError: what :func:`infer_record` refuses, a malformed record or literal,
     a read of a node nothing before produced, a node written twice. Returns
-    ``(row, inputs, outputs, canonical attrs, output metas)`` per record.
+    ``(row, inputs, outputs, canonical attrs, input metas, output metas)`` per record.
     """
     checked = []
     for record in records:
@@ -109,7 +109,8 @@ def check_records(records, known: dict) -> list[tuple[Op, tuple, tuple, dict, tu
         rewritten = [o for o in outs if type(o) is not int or o in known]
         if rewritten:
             raise ProtocolError(f"{name} writes node {rewritten[0]!r}, which is produced already (or not an id)")
-        row, attrs, out_metas = infer_record(name, tuple(in_metas), outs, attrs)
+        in_metas = tuple(in_metas)
+        row, attrs, out_metas = infer_record(name, in_metas, outs, attrs)
         known.update(zip(outs, out_metas))
-        checked.append((row, refs, outs, attrs, out_metas))
+        checked.append((row, refs, outs, attrs, in_metas, out_metas))
     return checked

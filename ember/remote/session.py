@@ -200,11 +200,10 @@ class Session:
     the op, the size and the limit; the session and its other tensors live on.
     """
 
-    def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry | None = None,
-                 pool: BufferPool | None = None, budget: Budget | None = None):
+    def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry, pool: BufferPool, budget: Budget):
         self.engine = engine
-        self.budget = budget or (pool.budget if pool is not None and pool.budget is not None else Budget())
-        self.pool = pool or BufferPool(budget=self.budget)
+        self.budget = budget
+        self.pool = pool
         self.limits = limits
         self.registry = registry
         self.tensors: dict[int, object] = {}   # id -> native array or Poison
@@ -270,7 +269,7 @@ class Session:
         self._received[id(array)] = nbytes
         return array
 
-    def _store(self, tid, value, meta: Meta | None, what: str = "put", counted: bool = False) -> None:
+    def _store(self, tid, value, meta: Meta | None, counted: bool = False) -> None:
         """Keep ``value`` as tensor ``tid`` (a Poison has no meta), counting its bytes unless ``counted``."""
         _check_id(tid)
         old = self.metas.pop(tid, None)
@@ -281,7 +280,7 @@ class Session:
             self._sent.pop(tid, None)
         if meta is not None and not counted:
             try:
-                self._take(what, _nbytes(meta))
+                self._take("put", _nbytes(meta))
             except ResourceLimitError as error:
                 poison = Poison("ResourceLimitError", str(error))
                 self.tensors[tid] = poison
@@ -377,16 +376,27 @@ class Session:
             self._take(name, need)
             try:
                 values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
-            finally:
+                if op.data_dependent:  # now that the sizes are known, each must fit the tensor limit
+                    self._check_size(name, out_metas)
+            except BaseException:
                 self._give(need)
-            if op.data_dependent:  # now that the sizes are known, each must fit the tensor limit
-                self._check_size(name, out_metas)
+                raise
         except Exception as error:  # a peer never crashes on bad input: the outputs carry the error
             text = str(error)
             self._poison(outputs, _error_kind(error), text if text.startswith((str(name), "unknown op")) else f"{name}: {text}")
             return
+        self._keep(outputs, values, out_metas, need)
+
+    def _keep(self, outputs: tuple, values, out_metas: tuple, reserved: int) -> None:
+        """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs."""
+        for tid in outputs:
+            if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+                self._give(reserved)
+                _check_id(tid)
+        kept = sum(_nbytes(m) for m in out_metas)
+        self._give(reserved - kept)
         for tid, value, meta in zip(outputs, values, out_metas):
-            self._store(tid, value, meta, name)
+            self._store(tid, value, meta, counted=True)
 
     def _need(self, op, in_metas: tuple, attrs: dict, out_metas: tuple) -> int:
         """The bytes an op may hold while it runs: its outputs — a data-dependent one at its largest,
@@ -412,7 +422,7 @@ class Session:
         _check_id(tid)  # before its buffer's reservation passes to the tensor
         counted = self._received.pop(id(host), None) is not None
         handle = self.engine.upload(host)
-        self._store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]), "put", counted)
+        self._store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]), counted)
         if handle is not host:  # the backend copied it (to a GPU): the buffer can serve the next upload
             frame_segments[index] = None
             self.pool.release(host)
@@ -490,7 +500,7 @@ class Session:
     # -- graphs: registered once, then run by number --
     def _graph(self, body, frame_segments, replies, segments) -> None:
         gid, inputs, outputs, ops, constants = body
-        self._forget((gid,), frame_segments, replies, segments)  # a number registered again is a new graph
+        self._drop_graph(gid)  # a number registered again is a new graph
         known = {tid: Meta(tuple(shape), dtype) for tid, dtype, shape in inputs}
         values, held, need = {}, 0, 0
         records, error, plan = [], None, None
@@ -504,10 +514,9 @@ class Session:
                     self._take(f"constant {tid}", host.nbytes)
                 held += host.nbytes  # the graph keeps its constants until it is forgotten
                 values[tid], known[tid] = self.engine.upload(host), meta
-            for row, refs, outs, attrs, out_metas in check_records(ops, known):
+            for row, refs, outs, attrs, in_metas, out_metas in check_records(ops, known):
                 if any(None in m.shape for m in out_metas):
                     raise ProtocolError(f"{row.name}: data-dependent shapes cannot be part of a graph")
-                in_metas = tuple(known[r] if type(r) is int else literal_meta(row.name, r) for r in refs)
                 # a run may hold every intermediate at once, and each kernel's scratch
                 need += self._need(row, in_metas, attrs, out_metas)
                 records.append((row, refs, outs, attrs))
@@ -558,17 +567,20 @@ class Session:
             self._take(f"run of graph {gid}", need)
             try:
                 results = plan.run(values)
-            finally:
+            except BaseException:
                 self._give(need)
+                raise
         except Exception as failure:
             self._poison(output_ids, _error_kind(failure), str(failure))
             return
         self.ops += len(plan.steps)
-        for tid, node, value in zip(output_ids, outputs, results):
-            self._store(tid, value, out_metas[node], f"run of graph {gid}")
+        self._keep(output_ids, results, tuple(out_metas[node] for node in outputs), need)
 
     def _forget(self, body, frame_segments, replies, segments) -> None:
         (gid,) = body
+        self._drop_graph(gid)
+
+    def _drop_graph(self, gid) -> None:
         graph = self.graphs.pop(gid, None)
         if graph is not None:
             self._give(graph[5])  # its constants
