@@ -1,7 +1,7 @@
 """Layer 8 — the ``ember`` command line.
 
     ember serve --device D --listen HOST:PORT [--token-file F | --tokens-file F] [--tls-cert F --tls-key F]
-                [--max-sessions N] [--idle-timeout S] [--insecure]
+                [--max-sessions N] [--idle-timeout S] [--handshake-timeout S] [--insecure]
                                    host D's backend as a compute peer
     ember demo                     the whole job in one command: peer, remote, training, capture
     ember devices [PEER]           list the local devices (or a compute peer's)
