@@ -22,7 +22,7 @@ from .devices import Device, default_device, device
 from .dtypes import (bool_ as bool, complex64, complex128, float32, float64, int8, int16, int32, int64, uint8,  # noqa: A004
                      uint16, uint32, uint64)
 from .errors import (AccessDenied, ArgumentError, AxisError, CaptureError, ConnectionLost, DeviceError, DTypeError, EmberError,
-                     ExecutionError, HostDeviceError, IndexingError, NotSupportedError, ProtocolError,
+                     ExecutionError, HostDeviceError, IndexingError, NotSupportedError, PeerBusy, ProtocolError,
                      ResourceLimitError, ScalarOverflowError, ShapeError, TLSError)
 from .namespace import fft, linalg, nn
 from .namespace.creation import *  # noqa: F403

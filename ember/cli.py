@@ -1,6 +1,7 @@
 """Layer 8 — the ``ember`` command line.
 
-    ember serve --device D --listen HOST:PORT [--token-file F] [--tls-cert F --tls-key F] [--insecure]
+    ember serve --device D --listen HOST:PORT [--token-file F | --tokens-file F] [--tls-cert F --tls-key F]
+                [--max-sessions N] [--idle-timeout S] [--handshake-timeout S] [--insecure]
                                    host D's backend as a compute peer
     ember demo                     the whole job in one command: peer, remote, training, capture
     ember devices [PEER]           list the local devices (or a compute peer's)
@@ -12,7 +13,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import threading
 
 from . import __version__
 
@@ -39,34 +42,46 @@ def _devices(args) -> int:
 
 def _serve(args) -> int:
     import logging
+    from dataclasses import replace
 
-    from .errors import EmberError
-    from .remote.server import Server
-    from .wire.protocol import Limits
-    token = None
-    if args.token_file:
-        try:
-            with open(args.token_file) as f:
-                token = f.read().strip()
-        except OSError as error:
-            print(f"ember serve: cannot read the token file: {error}", file=sys.stderr)
-            return 2
-        if not token:
-            print(f"ember serve: the token file {args.token_file} is empty", file=sys.stderr)
-            return 2
-    limits = Limits(max_tensor_bytes=args.max_tensor_bytes) if args.max_tensor_bytes else Limits()
+    from .errors import ArgumentError, EmberError
+    from .remote.access import TokenFile
+    from .remote.server import PEER_LIMITS, Server
+    token = authorize = None
     try:
-        server = Server(args.device, args.listen, token=token, insecure=args.insecure, limits=limits,
-                        tls_cert=args.tls_cert, tls_key=args.tls_key)
+        if args.token_file:
+            try:
+                with open(args.token_file) as f:
+                    token = f.read().strip()
+            except OSError as error:
+                raise ArgumentError(f"cannot read the token file: {error}") from None
+            if not token:
+                raise ArgumentError(f"the token file {args.token_file} is empty")
+        if args.tokens_file:
+            authorize = TokenFile.load(args.tokens_file)
+        limits = PEER_LIMITS
+        if args.max_tensor_bytes:
+            limits = replace(limits, max_tensor_bytes=args.max_tensor_bytes)
+        if args.max_session_bytes:
+            limits = replace(limits, max_session_bytes=args.max_session_bytes)
+        server = Server(args.device, args.listen, token=token, authorize=authorize, insecure=args.insecure,
+                        limits=limits, tls_cert=args.tls_cert, tls_key=args.tls_key, max_sessions=args.max_sessions,
+                        idle_timeout=args.idle_timeout, handshake_timeout=args.handshake_timeout,
+                        max_memory=args.max_memory)
         server.start()
     except (EmberError, OSError) as error:
         print(f"ember serve: {error}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.WARNING, format="ember serve: %(message)s")
+    # one line a session opened, closed or refused, naming the client (never its token)
+    logging.basicConfig(level=logging.INFO, format="ember serve: %(message)s")
+    logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per connection of its own
     import signal
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+    if os.environ.get("EMBER_STOP_WITH_PARENT"):  # spawned by PeerProcess: stop once its stdin closes
+        threading.Thread(target=lambda: (sys.stdin.read(), server.request_stop()), daemon=True).start()
     names = ", ".join(str(d) for d in server.devices)
-    guards = " and ".join(what for what, on in (("TLS", server.tls), ("a token", token)) if on)
+    guards = " and ".join(what for what, on in (("TLS", server.tls), ("a token", token),
+                                                ("a tokens file", authorize)) if on)
     tcp, ws = ("embers", "wss") if server.tls else ("ember", "ws")
     print(f"ember serve: hosting {names} ({server.backend_name}); listening on {server.address}"
           f"{' with ' + guards if guards else ''} — {tcp}://{server.address}/0 or {ws}://{server.address}/0", flush=True)
@@ -103,6 +118,7 @@ def _demo(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ember`` command."""
+    from .remote.server import HANDSHAKE_SECONDS, IDLE_SECONDS, MAX_SESSIONS
     top = argparse.ArgumentParser(prog="ember", description="ember: array computing on any device.")
     top.add_argument("--version", action="version", version=f"ember {__version__}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
@@ -126,11 +142,26 @@ def parser() -> argparse.ArgumentParser:
                                             "needs TLS and a token unless --insecure. Blocks until Ctrl-C.")
     serve.add_argument("--device", default="numpy", help="the backend to host: numpy, torch:cpu, torch:cuda (default numpy)")
     serve.add_argument("--listen", default="127.0.0.1:7878", help="HOST:PORT to listen on (port 0 picks a free one)")
-    serve.add_argument("--token-file", help="a file holding the token clients must present")
+    access = serve.add_mutually_exclusive_group()
+    access.add_argument("--token-file", metavar="FILE", help="a file holding the token clients must present")
+    access.add_argument("--tokens-file", metavar="FILE",
+                        help="a file naming clients, one a line: NAME TOKEN [DEVICE ...] (all devices when none is "
+                             "listed; # starts a comment line); logs name each client")
     serve.add_argument("--tls-cert", metavar="FILE", help="serve only TLS (embers://, wss://) with this certificate chain (PEM)")
     serve.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
     serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without TLS or a token")
-    serve.add_argument("--max-tensor-bytes", type=int, help="refuse tensors larger than this (default 4 GiB)")
+    serve.add_argument("--max-tensor-bytes", type=int, metavar="BYTES", help="refuse tensors larger than this (default 4 GiB)")
+    serve.add_argument("--max-session-bytes", type=int, metavar="BYTES",
+                       help="the bytes one session's tensors may hold (default: the whole memory budget)")
+    serve.add_argument("--max-memory", type=int, metavar="BYTES",
+                       help="the bytes all sessions may hold together, the buffer pool included (default: 3/4 of RAM)")
+    serve.add_argument("--max-sessions", type=int, default=MAX_SESSIONS, metavar="N",
+                       help=f"serve at most N sessions at once, refusing more (default {MAX_SESSIONS})")
+    serve.add_argument("--idle-timeout", type=float, default=IDLE_SECONDS, metavar="SECONDS",
+                       help=f"close a session that sends nothing for this long (default {IDLE_SECONDS}; 0: never)")
+    serve.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_SECONDS, metavar="SECONDS",
+                       help=f"a connection's TLS, WebSocket upgrade and init frame must all arrive within this "
+                            f"(default {HANDSHAKE_SECONDS})")
     serve.set_defaults(run=_serve)
 
     devices = commands.add_parser("devices", help="list the local devices, or a compute peer's",

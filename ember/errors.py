@@ -19,6 +19,7 @@ Python user would catch for that situation, so ``except ValueError`` keeps worki
     ├── AccessDenied      (PermissionError) a compute peer refused the token
     │   └── TLSError                     TLS failed: an untrusted, expired or misnamed certificate, or a TLS mismatch
     ├── ConnectionLost    (ConnectionError) the peer or the connection went away
+    ├── PeerBusy          (ConnectionRefusedError) a compute peer serves as many sessions as it may
     └── CaptureError      (RuntimeError) misuse of a capture scope or a value it cannot know
         ├── ScopeActiveError             a scope opened while another is active in this thread
         ├── ScopeClosedError             a tensor of a closed scope used
@@ -99,6 +100,10 @@ class TLSError(AccessDenied):
 
 class ConnectionLost(EmberError, ConnectionError):
     """The compute peer or the connection to it went away."""
+
+
+class PeerBusy(EmberError, ConnectionRefusedError):
+    """A compute peer refused a session because it serves as many as it may (``--max-sessions``)."""
 
 
 class CaptureError(EmberError, RuntimeError):

@@ -18,6 +18,7 @@ from ember.benchmarks.core import chain
 import ember as em
 from ember.devices import RemoteDevice
 from ember.engines.remote import connect
+from ember.remote.server import PEER_LIMITS
 from ember.wire import protocol as wire
 from ember.wire import tcp, websocket
 
@@ -379,13 +380,14 @@ class RawSession:
 def test_malformed_and_oversized_frames_are_refused_at_once_while_others_work(peer):
     good = em.device(peer.url())
     x = em.arange(5, device=good)
+    small = wire.HANDSHAKE_LIMITS.max_frame_bytes  # until the peer has answered the init frame, frames are small
     attacks = [  # (the bytes a new connection sends, what the peer's refusal names)
         (b"GARBAGE!" * 4, "bad frame magic"),
-        (_prefix(2**31, 0), "a header of 2147483648 bytes exceeds the limit of 67108864"),
-        (_prefix(4, 2**62), f"a frame of {2**62 + 4} bytes exceeds the limit of {8 << 30}"),
+        (_prefix(2**31, 0), f"a header of 2147483648 bytes exceeds the limit of {small}"),
+        (_prefix(4, 2**62), f"a frame of {2**62 + 4} bytes exceeds the limit of {small}"),
         (_frame(INIT)[:-1] + b"\xc1", "malformed header"),
         (_frame(INIT) + _frame({"t": "batch", "m": (("op", "matmul", (1, 2), (3,), {}),), "seg": (("float64", (2**40,)),)}),
-         f"a tensor of {2**43} bytes exceeds the limit of {4 << 30} bytes"),
+         f"a tensor of {2**43} bytes exceeds the limit of {small} bytes"),  # sent before the info reply came
         (_frame(INIT) + _frame({"t": "batch", "m": (("op",),)}), "malformed 'op' message"),
         (_frame({**INIT, "v": 99}), "protocol version 99 is not supported"),
     ]
@@ -401,7 +403,7 @@ def test_malformed_and_oversized_frames_are_refused_at_once_while_others_work(pe
     assert peer.process.poll() is None
 
 
-_LIMITS = wire.Limits()
+_LIMITS = PEER_LIMITS
 OVERSIZED = {  # raw bytes sent in a session -> what the peer's error names
     "header": (_prefix(_LIMITS.max_header_bytes + 1, 0),
                f"a header of {_LIMITS.max_header_bytes + 1} bytes exceeds the limit of {_LIMITS.max_header_bytes}"),

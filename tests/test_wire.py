@@ -207,3 +207,70 @@ def test_the_most_dimensions_a_tensor_may_have_is_64():
 def test_bad_magic_names_the_bytes():
     with pytest.raises(errors.ProtocolError, match=r"^bad frame magic b'HTTP': not an ember peer$"):
         FrameReader().feed(b"HTTP" + bytes(PREFIX_SIZE - 4))
+
+
+# --- what a header may cost ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("data", [
+    b"\xd6\xff" + bytes(4),                       # fixext 4: a 32-bit timestamp
+    b"\xd7\xff" + bytes(8),                       # fixext 8
+    b"\xc7\x0c\xff" + bytes(12),                  # ext 8, 96-bit
+    b"\xc8\x00\x04\xff" + bytes(4),               # ext 16
+    b"\xc9\x00\x00\x00\x08\xff" + bytes(8),       # ext 32
+    wire.pack({"t": "batch", "m": (("op", "full", (), (1,), {"fill_value": "x"}),)})[:-2] + b"\xd6\xff" + bytes(4),
+], ids=["fixext4", "fixext8", "ext8", "ext16", "ext32", "in-an-attribute"])
+def test_msgpack_timestamps_are_an_unknown_extension(data):
+    """msgpack decodes extension -1 itself, without the ext hook: it is refused all the same."""
+    with pytest.raises(errors.ProtocolError, match=r"^unknown msgpack extension type -1 \(a timestamp\)$"):
+        wire.unpack(data)
+
+
+def test_bytes_that_look_like_a_timestamp_inside_other_values_are_fine():
+    value = {"f": struct.unpack("<d", b"\x00\xd6\xff\x00\x00\x00\x00\x00")[0], "s": "\u05ff", "b": b"\xc7\x0c\xff"}
+    data = wire.pack(value)
+    assert wire._MAYBE_TIMESTAMP.search(data)  # the slow path: a look at every value
+    assert wire.unpack(data) == value
+
+
+def test_maps_and_extensions_are_small():
+    wire.unpack(wire.pack({f"k{i}": i for i in range(1024)}))
+    with pytest.raises(errors.ProtocolError, match=r"^malformed header: ValueError: 1025 exceeds max_map_len\(1024\)$"):
+        wire.unpack(wire.pack({f"k{i}": i for i in range(1025)}))
+    with pytest.raises(errors.ProtocolError, match=r"^malformed header: ValueError: \d+ exceeds max_ext_len\(64\)$"):
+        wire.unpack(b"\xc7\x41\x01" + b"x" * 65)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("shape", [(0, 2**62), (0, 2**32, 2**32), (2**40, 0)])
+def test_an_empty_segment_of_an_impossible_shape_is_refused(whole, shape):
+    """NumPy refuses to make these (ValueError): the reader refuses them first, as a protocol error."""
+    body = wire.pack({"seg": (("uint8", shape),)})
+    data = _prefix(len(body), 0) + body
+    reader = FrameReader()
+    with pytest.raises(errors.ProtocolError, match=r"^bad segment shape .*: empty, but its other extents exceed"):
+        reader.feed(data) if whole else reader.feed(data[:PREFIX_SIZE]) + reader.feed(data[PREFIX_SIZE:])
+
+
+def test_before_the_handshake_every_frame_is_small():
+    limits = wire.HANDSHAKE_LIMITS
+    assert limits.max_header_bytes == limits.max_tensor_bytes == limits.max_frame_bytes == 64 << 10
+    reader = FrameReader(limits)
+    with pytest.raises(errors.ProtocolError, match=f"^a header of {64 << 20} bytes exceeds the limit of {64 << 10}$"):
+        reader.feed(_prefix(64 << 20, 0))  # refused at the prefix: nothing of that size is allocated
+    body = wire.pack({"seg": (("uint8", (64 << 10,)),)})
+    with pytest.raises(errors.ProtocolError, match=f"^a frame of {len(body) + (64 << 10)} bytes exceeds the limit"):
+        FrameReader(limits).feed(_prefix(len(body), 64 << 10) + body)
+    (init,) = FrameReader(limits).feed(_bytes({"t": "init", "v": 1, "token": "x" * 1000}))
+    assert init.header["t"] == "init"
+
+
+def test_waits_never_pass_a_deadline():
+    import time
+
+    from ember.wire.tcp import TimedOut, wait_limit
+    assert wait_limit(None, None) is None and wait_limit(5.0, None) == 5.0
+    soon = time.monotonic() + 2
+    assert 1 < wait_limit(None, soon) <= 2 and wait_limit(0.5, soon) == 0.5 and 1 < wait_limit(30, soon) <= 2
+    with pytest.raises(TimedOut, match="the deadline passed"):
+        wait_limit(30, time.monotonic() - 0.001)
+    assert issubclass(TimedOut, errors.ConnectionLost)

@@ -19,17 +19,20 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import AccessDenied, ConnectionLost, DeviceError, EmberError, ProtocolError, ResourceLimitError, TLSError
+from ..errors import ArgumentError, ConnectionLost, DeviceError, EmberError, ProtocolError, ResourceLimitError
 from ..ops.table import Meta
 from ..wire import protocol as wire
-from ..wire.protocol import Limits
+from ..wire.protocol import HANDSHAKE_LIMITS, Limits
+from ..wire.tcp import TimedOut
 from .base import Engine
 
 BATCH_OPS = 64          # send a batch once it holds this many messages …
 BATCH_SECONDS = 0.002    # … or once its first message is this old …
 BATCH_BYTES = 8 << 20    # … or once its copied uploads reach this size
 INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
+DROP_IDS = 1 << 16       # dropped ids per message: very many go in frames of their own
 DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
+KEEPALIVE = 30.0         # seconds a read waits through silence, by default (EMBER_KEEPALIVE)
 _clock = time.perf_counter
 
 
@@ -52,12 +55,15 @@ _new_handle = object.__new__
 
 
 class RemoteEngine(Engine):
-    """A session with a compute peer, over a frame connection (TCP or WebSocket)."""
+    """A session with a compute peer, over a frame connection (TCP or WebSocket). ``window`` is
+    the longest silence a read waits through when the peer keeps alive (None: it does not, and
+    reads wait up to EMBER_TIMEOUT)."""
 
-    def __init__(self, device, connection, info: dict):
+    def __init__(self, device, connection, info: dict, window: float | None = None):
         self.device = device
         self.connection = connection
         self.info = info
+        self.window = window if info.get("keepalive") else None
         self.limits = Limits.from_dict(info.get("limits", {}))
         self.dtypes = info.get("dtypes", ())
         self._ids = itertools.count(1)
@@ -72,7 +78,7 @@ class RemoteEngine(Engine):
         self._pending_bytes = 0
         self._lock = threading.RLock()
         self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
-                         "graphs_registered": 0, "graph_runs": 0}
+                         "graphs_registered": 0, "graph_runs": 0, "keepalives": 0}
 
     # -- the engine interface --
     def execute(self, op, inputs, in_metas, attrs, metas):
@@ -167,6 +173,8 @@ class RemoteEngine(Engine):
         return handle
 
     def download(self, handle) -> np.ndarray:
+        if handle.engine is not self:  # an array of an earlier session with this device
+            raise ConnectionLost(f"download: the array lives in a lost session with {self.device}; its data is gone")
         reply, segments = self._call(lambda rid: ("get", rid, handle.id), want_segments=True)
         return segments[reply[2]]
 
@@ -195,16 +203,13 @@ class RemoteEngine(Engine):
 
     # -- batching --
     def _queue_drops(self) -> None:
-        """Move dropped ids into the batch, after every op that may still read them."""
+        """Move dropped ids into the batch, after every op that may still read them; beyond
+        DROP_IDS of them, each message goes in a frame of its own (headers stay small)."""
         drops = self._drops
-        if drops:
-            ids = []
-            try:
-                while True:
-                    ids.append(drops.popleft())
-            except IndexError:
-                pass
-            self._pending.append(("drop", tuple(ids)))
+        while drops:
+            self._pending.append(("drop", tuple(drops.popleft() for _ in range(min(len(drops), DROP_IDS)))))
+            if len(drops) > 0:
+                self._send_pending()
         while self._drops_graph:
             self._pending.append(("forget", self._drops_graph.popleft()))
 
@@ -212,13 +217,15 @@ class RemoteEngine(Engine):
         """Send every pending message now."""
         with self._lock:
             self._queue_drops()
-            if not self._pending:
-                return
-            messages, self._pending = self._pending, []
-            segments, self._segments = self._segments, []
-            self._pending_bytes = 0
-            self.counters["ops"] += sum(1 for m in messages if m[0] == "op")
-            self._send({"t": "batch", "m": tuple(messages)}, segments)
+            if self._pending:
+                self._send_pending()
+
+    def _send_pending(self) -> None:
+        messages, self._pending = self._pending, []
+        segments, self._segments = self._segments, []
+        self._pending_bytes = 0
+        self.counters["ops"] += sum(1 for m in messages if m[0] == "op")
+        self._send({"t": "batch", "m": tuple(messages)}, segments)
 
     def _send(self, header: dict, segments: list) -> None:
         if self.lost is not None:
@@ -249,11 +256,20 @@ class RemoteEngine(Engine):
             self.counters["round_trips"] += 1
             while True:
                 try:
-                    frame = self.connection.receive()
+                    frame = self.connection.receive(self.window)
+                except TimedOut as error:
+                    if self.window is None:
+                        raise self._lose(error) from None
+                    raise self._lose(ConnectionLost(
+                        f"no sign of life for {self.window:g} s (EMBER_KEEPALIVE), although the peer keeps alive "
+                        f"while it works: it is hung or unreachable")) from None
                 except ConnectionLost as error:
                     raise self._lose(error) from None
                 self.counters["bytes_down"] += wire.PREFIX_SIZE + sum(s.nbytes for s in frame.segments)
                 header = frame.header
+                if header.get("t") == "alive":  # the peer is still working on what we wait for
+                    self.counters["keepalives"] += 1
+                    continue
                 if header.get("t") == "error":
                     raise self._lose(ConnectionLost(f"the peer ended the session: {header.get('reason')}"))
                 for reply in header.get("m", ()):
@@ -263,15 +279,29 @@ class RemoteEngine(Engine):
                         return (reply, frame.segments) if want_segments else reply
 
 
+def keepalive_window() -> float | None:
+    """EMBER_KEEPALIVE: the longest silence a read waits through, in seconds, before the peer is
+    declared lost (default 30; 0 turns keepalives off, and reads wait up to EMBER_TIMEOUT)."""
+    text = os.environ.get("EMBER_KEEPALIVE", "")
+    try:
+        window = float(text) if text.strip() else KEEPALIVE
+    except ValueError:
+        window = -1.0
+    if not 0 <= window < 1e6:
+        raise ArgumentError(f"EMBER_KEEPALIVE must be a number of seconds ≥ 0 (0: no keepalives), got {text!r}")
+    return window or None
+
+
 def connect(device) -> RemoteEngine:
     """Open a session with the peer of ``device`` (a RemoteDevice) and return its engine."""
     from ..wire import tcp, tls, websocket
-    limits = Limits()
+    window = keepalive_window()
     module = websocket if device.scheme in ("ws", "wss") else tcp
     context = tls.client_context(device.tls_ca) if device.tls else None
-    connection = module.connect(device.host, device.port, limits, timeout=DEFAULT_TIMEOUT, tls=context)
-    connection.send(wire.encode_frame({"t": "init", "v": wire.VERSION, "session": uuid.uuid4().hex,
-                                       "device": device.index, "token": device.token}))
+    # nothing large before the handshake is done, on either side
+    connection = module.connect(device.host, device.port, HANDSHAKE_LIMITS, timeout=DEFAULT_TIMEOUT, tls=context)
+    init = {"t": "init", "v": wire.VERSION, "session": uuid.uuid4().hex, "device": device.index, "token": device.token}
+    connection.send(wire.encode_frame(init | ({"keepalive": window} if window else {})))
     try:
         header = connection.receive().header
     except ConnectionLost:
@@ -281,8 +311,7 @@ def connect(device) -> RemoteEngine:
     if kind != "info":
         connection.close()
         reason = header.get("reason", f"unexpected reply {kind!r}")
-        error = {"AccessDenied": AccessDenied, "TLSError": TLSError, "DeviceError": DeviceError}.get(header.get("kind"),
-                                                                                                    ProtocolError)
+        error = wire.ERROR_KINDS.get(header.get("kind"), ProtocolError)  # AccessDenied, TLSError, DeviceError, PeerBusy …
         raise error(f"{device} refused the session: {reason}")
     connection.set_limits(Limits.from_dict(header.get("limits", {})))
-    return RemoteEngine(device, connection, header)
+    return RemoteEngine(device, connection, header, window)

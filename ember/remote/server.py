@@ -3,28 +3,40 @@
 The I/O shell: it listens, completes TLS when it serves it, tells TCP from WebSocket clients
 on one port, and moves frames between sockets and the sans-I/O
 :class:`~ember.remote.session.Host` (the handshake) and :class:`~ember.remote.session.Session`
-(one per connection, its own table of tensors).
+(one per connection, its own table of tensors). It bounds what a connection may cost before it
+is authenticated (small frames, one deadline for the whole handshake, a cap on connections),
+closes idle sessions, and keeps clients whose batch runs long informed that it is alive.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import select
 import socket
 import ssl
 import threading
+import time
+from dataclasses import replace
 
 from ..errors import ArgumentError, EmberError, ProtocolError
 from ..wire import protocol as wire
-from ..wire.protocol import Limits
-from ..wire.tcp import TcpConnection
+from ..wire.protocol import HANDSHAKE_LIMITS, Limits
+from ..wire.tcp import TcpConnection, TimedOut, wait_limit
 from ..wire.tls import HANDSHAKE_RECORD, server_context
 from ..wire.websocket import accept as accept_websocket
-from .session import BufferPool, Host, hosted_devices
+from .session import Budget, BufferPool, Host, hosted_devices
 
 log = logging.getLogger("ember.serve")
 
-HANDSHAKE_SECONDS = 10  # a connection's TLS handshake and init frame must arrive within this
+HANDSHAKE_SECONDS = 10   # TLS, the WebSocket upgrade and the init frame: all within this, from the connection
+IDLE_SECONDS = 15 * 60   # a session that receives nothing for this long is closed
+MAX_SESSIONS = 64        # sessions at once (and as many connections still in their handshake)
+_ALIVE = wire.encode_frame({"t": "alive"})
+
+#: what a peer accepts unless told otherwise: headers of at most 4 MiB (a batch, or a graph of tens of
+#: thousands of ops), since a header expands in memory to up to ~70 times its size (a map per byte)
+PEER_LIMITS = Limits(max_header_bytes=4 << 20)
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:
@@ -47,35 +59,66 @@ class Server:
     """A compute peer serving ``device``'s backend on ``listen`` ("HOST:PORT"; port 0 picks one).
 
     ``start()`` returns once the socket listens; ``address`` is then "host:port"; ``stop()``
-    closes every session. With ``tls_cert`` and ``tls_key`` (PEM files) every connection must
-    use TLS (``embers://``, ``wss://``). A non-loopback address needs TLS and a ``token``
-    unless ``insecure=True``. Everything is validated before any socket is bound.
+    closes every session. Everything is validated before any socket is bound.
+
+    - Access: ``token`` admits clients presenting it; ``authorize`` is asked at every handshake
+      instead, ``authorize(address, token, device)`` with the client's "host:port", the token it
+      presented and the device index it asked for, and returns the client's name (a str), None
+      or True to admit it, or raises ``AccessDenied(reason)`` (or returns False) to refuse it;
+      anything else it raises refuses with a generic reason, logged without the token (see
+      ``ember.remote.access``, whose ``TokenFile`` reads ``--tokens-file``). Logs and
+      :meth:`stats` name clients by that name, else by their address — never by their token.
+    - TLS: with ``tls_cert`` and ``tls_key`` (PEM files) every connection must use TLS
+      (``embers://``, ``wss://``). A non-loopback address needs TLS and a token or an
+      authorizer unless ``insecure=True``.
+    - Bounds: until its handshake is done a connection may send only frames of 64 KiB, and must
+      complete it — TLS, WebSocket upgrade, init frame — within ``handshake_timeout`` seconds
+      in all. At most ``max_sessions`` sessions are open at once (more are refused with
+      ``PeerBusy``) and as many connections may be in their handshake (more are closed at
+      once). A session that receives nothing for ``idle_timeout`` seconds is closed (None or 0:
+      never); a client waiting on its own long batch is not idle: the peer is not reading then,
+      and sends it ``alive`` frames if it asked for keepalives.
     """
 
-    def __init__(self, device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None,
-                 insecure: bool = False, limits: Limits = Limits(), timeout: float | None = None,
-                 tls_cert: str | None = None, tls_key: str | None = None):
+    def __init__(self, device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None, authorize=None,
+                 insecure: bool = False, limits: Limits = PEER_LIMITS, tls_cert: str | None = None,
+                 tls_key: str | None = None, max_sessions: int = MAX_SESSIONS, idle_timeout: float | None = IDLE_SECONDS,
+                 handshake_timeout: float = HANDSHAKE_SECONDS, max_memory: int | None = None):
         devices = hosted_devices(device)
         self.host, self.port = _parse_listen(listen)
+        if token and authorize:
+            raise ArgumentError("pass a token or an authorizer, not both (--token-file or --tokens-file)")
+        if not (isinstance(max_sessions, int) and max_sessions >= 1):
+            raise ArgumentError(f"max_sessions must be a whole number ≥ 1, got {max_sessions!r}")
+        if not (idle_timeout is None or idle_timeout >= 0) or not handshake_timeout > 0:
+            raise ArgumentError(f"timeouts are seconds > 0 (an idle timeout of 0 means none), got idle {idle_timeout!r} "
+                                f"and handshake {handshake_timeout!r}")
         if bool(tls_cert) != bool(tls_key):
             raise ArgumentError("TLS needs a certificate and its private key: pass both --tls-cert FILE and "
                                 "--tls-key FILE (tls_cert=, tls_key=)")
         self.tls = server_context(tls_cert, tls_key) if tls_cert else None
         missing = [(what, how) for what, how, present in (
             ("TLS", "--tls-cert FILE --tls-key FILE (tls_cert=, tls_key=)", self.tls),
-            ("a token", "--token-file FILE (token=)", token)) if not present]
+            ("a token", "--token-file FILE or --tokens-file FILE (token=, authorize=)", token or authorize)) if not present]
         if missing and not insecure and not is_loopback(self.host):
             raise ArgumentError(f"refusing to listen on {listen} without {' or '.join(w for w, _ in missing)}: anyone who "
                                 f"reaches it could use this machine's devices or read their traffic; pass "
                                 f"{' and '.join(h for _, h in missing)}, or --insecure (insecure=True)")
+        budget = Budget(max_memory)
+        if limits.max_session_bytes > budget.limit:  # a session can hold no more than the whole peer: say so at once
+            limits = replace(limits, max_session_bytes=budget.limit)
         self.limits = limits
-        self.timeout = timeout
-        self.hosting = Host(devices, token or None, limits)
+        self.max_sessions = max_sessions
+        self.idle_timeout = idle_timeout or None
+        self.handshake_timeout = handshake_timeout
+        self.hosting = Host(devices, token or None, limits, budget, authorize=authorize, max_sessions=max_sessions)
         self._listener: socket.socket | None = None
         self._threads: set[threading.Thread] = set()
-        self._connections: set = set()
+        self._links: set[_Link] = set()
+        self._handshakes = 0  # connections not yet past their handshake
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._heartbeat = _Heartbeat()
 
     @property
     def address(self) -> str:
@@ -91,6 +134,12 @@ class Server:
     def backend_name(self) -> str:
         return self.hosting.backend_name
 
+    def stats(self) -> dict:
+        """The open sessions, their live tensors, and their clients by name (or address)."""
+        with self.hosting.registry.lock:
+            clients = sorted(self.hosting.clients.values())
+        return {**self.hosting.registry.stats(), "clients": clients}
+
     def start(self) -> Server:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
@@ -99,9 +148,10 @@ class Server:
         listener.listen(64)
         self.port = listener.getsockname()[1]
         self._listener = listener
-        thread = threading.Thread(target=self._accept_loop, name="ember-accept", daemon=True)
-        thread.start()
-        self._threads.add(thread)
+        for target, name in ((self._accept_loop, "ember-accept"), (self._heartbeat.run, "ember-heartbeat")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.add(thread)
         log.info("serving %s on %s", ", ".join(str(d) for d in self.devices), self.address)
         return self
 
@@ -123,6 +173,7 @@ class Server:
     def stop(self) -> None:
         """Stop listening and close every session (their tensors are freed)."""
         self._stopping.set()
+        self._heartbeat.stop()
         if self._listener is not None:
             try:
                 self._listener.shutdown(socket.SHUT_RDWR)
@@ -130,9 +181,9 @@ class Server:
                 pass
             self._listener.close()
         with self._lock:
-            connections = list(self._connections)
-        for connection in connections:
-            connection.close()
+            links = list(self._links)
+        for link in links:
+            link.connection.close()
         for thread in list(self._threads):
             if thread is not threading.current_thread():
                 thread.join(timeout=5)
@@ -146,89 +197,207 @@ class Server:
     def _accept_loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                sock, _ = self._listener.accept()
+                sock, address = self._listener.accept()
             except OSError:
                 return
-            thread = threading.Thread(target=self._serve_connection, args=(sock,), name="ember-session", daemon=True)
+            with self._lock:
+                crowded = self._handshakes >= self.max_sessions
+                if not crowded:
+                    self._handshakes += 1
+            if crowded:  # that many handshakes at once: no thread, no buffer, no answer
+                sock.close()
+                continue
+            thread = threading.Thread(target=self._serve_connection, args=(sock, _format_address(address)),
+                                      name="ember-session", daemon=True)
             with self._lock:
                 self._threads.add(thread)
             thread.start()
 
-    def _open(self, sock: socket.socket, pool: BufferPool):
-        """The frame connection of an accepted socket, on its own thread: TLS first (when served and
-        when the client starts it), then TCP or WebSocket by the first bytes. Also whether the client
-        skipped the TLS this peer requires."""
+    def _open(self, sock: socket.socket, pool: BufferPool, deadline: float):
+        """The frame connection of an accepted socket, on its own thread, before ``deadline``: TLS
+        first (when served and when the client starts it), then TCP or WebSocket by the first
+        bytes. Also whether the client skipped the TLS this peer requires."""
+        sock.settimeout(wait_limit(None, deadline))
         first = sock.recv(4, socket.MSG_PEEK)
         received = b""
         tls = self.tls is not None and first[:1] == HANDSHAKE_RECORD
         try:
             if tls:
-                sock = self.tls.wrap_socket(sock, server_side=True)  # the handshake, within the socket's timeout
-                first = received = _receive_exactly(sock, 4)  # an SSLSocket cannot peek: these bytes are handed on
+                sock.settimeout(wait_limit(None, deadline))  # the whole TLS handshake, not each read
+                sock = self.tls.wrap_socket(sock, server_side=True)
+                first = received = _receive_exactly(sock, 4, deadline)  # an SSLSocket cannot peek: handed on
             if first == b"GET ":
-                connection = accept_websocket(sock, self.limits, pool.allocate, received)
+                connection = accept_websocket(sock, HANDSHAKE_LIMITS, pool.allocate, received, deadline)
             else:
-                connection = TcpConnection(sock, self.limits, HANDSHAKE_SECONDS, pool.allocate, received)
+                connection = TcpConnection(sock, HANDSHAKE_LIMITS, None, pool.allocate, received)
+                connection.deadline = deadline
         except BaseException:
             sock.close()
             raise
         return connection, self.tls is not None and not tls
 
-    def _serve_connection(self, sock: socket.socket) -> None:
-        connection = None
-        session = None
+    def _serve_connection(self, sock: socket.socket, address: str) -> None:
+        link = session = None
+        who = address
+        handshaking = True
         try:
-            sock.settimeout(HANDSHAKE_SECONDS)
-            pool = BufferPool()
-            connection, plain_on_tls = self._open(sock, pool)
+            pool = self.hosting.pool  # one pool for the peer, within its memory budget
+            connection, plain_on_tls = self._open(sock, pool, time.monotonic() + self.handshake_timeout)
+            link = _Link(connection)
             with self._lock:
-                self._connections.add(connection)
+                self._links.add(link)
             init = connection.receive()
             if plain_on_tls:  # refused after its init frame is read, so the refusal is not lost to a reset
                 replies = [({"t": "refuse", "kind": "TLSError",
                              "reason": "this peer requires TLS: connect with embers:// (TCP) or wss:// (WebSocket)"}, [])]
             else:
-                session, replies = self.hosting.open(init, pool)
-            for header, segments in replies:
-                connection.send(wire.encode_frame(header, segments))
+                session, replies = self.hosting.open(init, pool, address)
+            with self._lock:  # done, before the client hears of it: it may connect again at once
+                self._handshakes -= 1
+                handshaking = False
+            link.send(replies)
             if session is None:
+                refusal = replies[0][0]
+                log.warning("%s: refused (%s): %s", address, refusal["kind"], refusal["reason"])
                 return
-            connection.sock.settimeout(self.timeout)
+            info = replies[0][0]
+            with self.hosting.registry.lock:
+                name = self.hosting.clients.get(session, address)
+            who = name if name == address else f"{name} ({address})"
+            log.info("%s: session opened on device %s (%s)", who, init.header.get("device", 0), info["device"])
+            connection.deadline = None  # the handshake is done: the session's own limits and timeout
+            connection.set_limits(self.limits)
+            connection.reader.allocate = session.allocate  # received tensors count against its quota and the budget
+            connection.sock.settimeout(self.idle_timeout)
+            if info.get("keepalive"):
+                link.interval = info["keepalive"]
+                self._heartbeat.add(link)
             while True:
-                frame = connection.receive()
+                try:
+                    frame = connection.receive()
+                except TimedOut:
+                    reason = f"closed after {self.idle_timeout:g} s without a frame (the peer's idle timeout)"
+                    log.info("%s: %s", who, reason)
+                    link.send([({"t": "error", "kind": "ConnectionLost", "reason": reason}, [])])
+                    return
                 if frame.header.get("t") == "close":
                     return
-                for header, segments in session.handle(frame):
-                    connection.send(wire.encode_frame(header, segments))
+                link.busy_since = time.monotonic()
+                link.send(session.handle(frame))
         except ProtocolError as error:
-            log.warning("closing a session: %s", error)
-            if connection is not None:
+            log.warning("%s: closing the connection: %s", who, error)
+            if link is not None:
                 try:
-                    connection.send(wire.encode_frame({"t": "error", "kind": "ProtocolError", "reason": str(error)}))
+                    link.send([({"t": "error", "kind": "ProtocolError", "reason": str(error)}, [])])
                 except EmberError:
                     pass
         except ssl.SSLError as error:  # a client that refused the certificate, or spoke something else
-            log.warning("closing a TLS connection: %s", error.reason or error)
+            log.warning("%s: closing a TLS connection: %s", who, error.reason or error)
         except (EmberError, OSError):
-            pass  # the client went away
+            pass  # the client went away, or missed its handshake deadline
         except Exception:  # never let one session take the server down
-            log.exception("unexpected error in a session")
+            log.exception("%s: unexpected error in a session", who)
         finally:
             if session is not None:
                 self.hosting.close(session)
-            if connection is not None:
-                connection.close()
+                log.info("%s: session closed", who)
+            if link is not None:
+                self._heartbeat.remove(link)
+                link.connection.close()
                 with self._lock:
-                    self._connections.discard(connection)
+                    self._links.discard(link)
             else:
                 sock.close()
             with self._lock:
+                if handshaking:
+                    self._handshakes -= 1
                 self._threads.discard(threading.current_thread())
 
 
-def _receive_exactly(sock: socket.socket, n: int) -> bytes:
+class _Link:
+    """A served connection and what its two writers share: the session's thread, which sends
+    replies, and the heartbeat, which sends ``alive`` frames while a batch runs."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.lock = threading.Lock()
+        self.interval: float | None = None     # seconds between alive frames (None: the client asked for none)
+        self.busy_since: float | None = None   # when the running batch started (None: between batches)
+        self.last_alive = 0.0
+
+    def send(self, replies) -> None:
+        """Send reply frames ((header, segments) pairs); the batch is over, so no alive frame follows."""
+        with self.lock:
+            self.busy_since = None
+            for header, segments in replies:
+                self.connection.send(wire.encode_frame(header, segments))
+
+    def beat(self, now: float) -> None:
+        """Send an alive frame if a batch has run an interval since it began or since the last one."""
+        started = self.busy_since
+        if started is None or now - max(started, self.last_alive) < self.interval:
+            return
+        if not self.lock.acquire(blocking=False):  # the session is sending replies: no need
+            return
+        try:
+            # busy_since is cleared under the lock before the session reads again: the socket is ours;
+            # a client that does not read (its buffers full) gets no alive frame rather than a stalled heartbeat
+            if self.busy_since is not None and _writable(self.connection.sock):
+                self.connection.send(_ALIVE)
+                self.last_alive = now
+        except EmberError:
+            pass  # the session's thread finds out for itself
+        finally:
+            self.lock.release()
+
+
+class _Heartbeat:
+    """One thread for all sessions that asked for keepalives: each of their links beats every
+    half of the shortest interval."""
+
+    def __init__(self):
+        self.links: set[_Link] = set()
+        self.wake = threading.Condition()
+        self.stopped = False
+
+    def add(self, link: _Link) -> None:
+        with self.wake:
+            self.links.add(link)
+            self.wake.notify()  # its interval may be shorter than the current wait
+
+    def remove(self, link: _Link) -> None:
+        with self.wake:
+            self.links.discard(link)
+
+    def stop(self) -> None:
+        with self.wake:
+            self.stopped = True
+            self.wake.notify()
+
+    def run(self) -> None:
+        with self.wake:
+            while not self.stopped:
+                self.wake.wait(min((link.interval for link in self.links), default=60.0) / 2)
+                now = time.monotonic()
+                for link in self.links:
+                    link.beat(now)
+
+
+def _writable(sock: socket.socket) -> bool:
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    return bool(poller.poll(0))
+
+
+def _format_address(address) -> str:
+    host, port = address[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _receive_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
     data = b""
     while len(data) < n:
+        sock.settimeout(wait_limit(None, deadline))
         chunk = sock.recv(n - len(data))
         if not chunk:
             break  # the client left: the connection's first read reports it
@@ -236,14 +405,12 @@ def _receive_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def serve(device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None, insecure: bool = False,
-          limits: Limits = Limits(), tls_cert: str | None = None, tls_key: str | None = None) -> None:
-    """Host ``device``'s backend as a compute peer on ``listen``; blocks until Ctrl-C. With
-    ``tls_cert`` and ``tls_key`` (PEM files) it speaks only TLS.
+def serve(device="numpy", listen: str = "127.0.0.1:7878", **options) -> None:
+    """Host ``device``'s backend as a compute peer on ``listen``; blocks until Ctrl-C. ``options``
+    are :class:`Server`'s: ``token``, ``authorize``, ``tls_cert`` and ``tls_key``, ``insecure``,
+    ``limits``, ``max_sessions``, ``idle_timeout``, ``handshake_timeout``.
 
     Raises HostDeviceError (before binding anything) for a capture or remote device, and
-    ArgumentError for a TLS or listening setup it refuses (see :class:`Server`).
+    ArgumentError for a TLS, access or listening setup it refuses (see :class:`Server`).
     """
-    Server(device, listen, token=token, insecure=insecure, limits=limits, tls_cert=tls_cert,
-           tls_key=tls_key).serve_forever()
-
+    Server(device, listen, **options).serve_forever()

@@ -10,11 +10,12 @@ refuse locally.
 
 from __future__ import annotations
 
-import hmac
+import logging
 import math
 import os
 import sys
 import threading
+import traceback
 import uuid
 from collections import deque
 
@@ -24,13 +25,17 @@ from .. import dtypes as dt
 from ..devices import LocalDevice
 from ..devices import device as as_device
 from ..engines.local import LocalEngine
-from ..errors import EmberError, HostDeviceError, ProtocolError, ResourceLimitError
+from ..errors import AccessDenied, EmberError, HostDeviceError, ProtocolError, ResourceLimitError
 from ..ops.records import check_records, infer_record, literal_meta
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
+from .access import single_token
+
+log = logging.getLogger("ember.serve")
 
 Reply = tuple  # (header, segments): one frame to send
+MIN_KEEPALIVE = 0.05  # seconds: the shortest interval between "alive" frames a client may ask for
 
 #: what each kind of device means for hosting: None (it executes) or why it cannot be hosted
 HOSTING_REFUSALS = {
@@ -611,23 +616,29 @@ class Registry:
 
 
 class Host:
-    """The peer's side of every handshake: the hosted devices, the token, the limits and the
-    registry of open sessions. :meth:`open` is the handshake, fed the first frame."""
+    """The peer's side of every handshake: the hosted devices, who may connect (a token, or an
+    authorizer: see access.py), the limits, the cap on sessions and the registry of open
+    sessions. :meth:`open` is the handshake, fed the first frame."""
 
-    def __init__(self, devices: list[LocalDevice], token: str | None, limits: Limits, budget: Budget | None = None):
+    def __init__(self, devices: list[LocalDevice], token: str | None, limits: Limits, budget: Budget | None = None, *,
+                 authorize=None, max_sessions: int | None = None):
         self.devices, self.token, self.limits = devices, token, limits
+        self.authorize = authorize or (single_token(token) if token else None)
+        self.max_sessions = max_sessions
         self.registry = Registry()
         self.budget = budget or Budget()
         self.pool = BufferPool(budget=self.budget)  # shared by every session, within the budget
+        self.clients: dict[Session, str] = {}  # each open session's client, as logs and stats name it
 
     @property
     def backend_name(self) -> str:
         return self.devices[0].backend_name
 
-    def open(self, frame: Frame, pool: BufferPool | None = None) -> tuple[Session | None, list[Reply]]:
+    def open(self, frame: Frame, pool: BufferPool | None = None, address: str = "") -> tuple[Session | None, list[Reply]]:
         """The handshake: an ``init`` frame in; a new session and its ``info`` reply, or None and
-        a ``refuse`` reply (a wrong version, token or device index). ProtocolError if it is not
-        an init at all."""
+        a ``refuse`` reply (a wrong version, a refused client, a device index it lacks, no room
+        left). ``address`` ("host:port") is the client's, for the authorizer and as its name.
+        ProtocolError if it is not an init at all."""
         header = frame.header
         if header.get("t") != "init":
             raise ProtocolError("the first frame must be an init")
@@ -640,25 +651,52 @@ class Host:
             return refuse("ProtocolError", f"protocol version {version!r} is not supported: this peer speaks version "
                                            f"{wire.VERSION}")
         token = header.get("token")
-        if self.token is not None and not (isinstance(token, str) and hmac.compare_digest(token.encode(), self.token.encode())):
-            return refuse("AccessDenied", "bad or missing token: pass it in the device string (ember://TOKEN@host:port/0) "
-                                          "or in EMBER_TOKEN")
         index = header.get("device", 0)
+        client = address
+        if self.authorize is not None:
+            try:
+                verdict = self.authorize(address, token, index)
+            except AccessDenied as denied:
+                return refuse("AccessDenied", _redact(str(denied), token))
+            except Exception as error:  # a broken authorizer refuses; the peer lives on
+                log.error("%s: refused: the authorizer failed: %s", address,
+                          _redact("".join(traceback.format_exception(error)).rstrip(), token))
+                return refuse("AccessDenied", "the peer could not check this client's access: its authorizer failed "
+                                              "(the peer's log says why)")
+            if verdict is False:
+                return refuse("AccessDenied", "the peer's authorizer refused this client")
+            if isinstance(verdict, str):
+                client = verdict
         if not isinstance(index, int) or not 0 <= index < len(self.devices):
             return refuse("DeviceError", f"this peer hosts {len(self.devices)} device(s) "
                                          f"({', '.join(str(d) for d in self.devices)}); index {index!r} does not exist")
         hosted = self.devices[index]
         session = Session(LocalEngine(hosted.engine.backend), self.limits, self.registry, pool or self.pool, self.budget)
         with self.registry.lock:
+            if self.max_sessions is not None and len(self.registry.sessions) >= self.max_sessions:
+                return refuse("PeerBusy", f"this peer is full: it serves at most {self.max_sessions} session(s) at "
+                                          f"once; try again later")
             self.registry.sessions.add(session)
-        return session, [({
+            self.clients[session] = client
+        info = {
             "t": "info", "v": wire.VERSION, "session": uuid.uuid4().hex, "backend": self.backend_name,
             "device": str(hosted), "devices": tuple(str(d) for d in self.devices), "device_count": len(self.devices),
             "dtypes": tuple(d.name for d in hosted.engine.backend.dtypes), "limits": self.limits.as_dict(),
-        }, [])]
+        }
+        window = header.get("keepalive")  # the longest silence the client waits through
+        if type(window) in (int, float) and 0 < window < 1e6:
+            info["keepalive"] = max(window / 4, MIN_KEEPALIVE)  # "alive" frames this often while a batch runs
+        return session, [(info, [])]
 
     def close(self, session: Session) -> None:
         """Forget ``session`` and free its tensors (its client went away)."""
         with self.registry.lock:
             self.registry.sessions.discard(session)
+            self.clients.pop(session, None)
         session.close()
+
+
+def _redact(text: str, token) -> str:
+    """``text`` without the token a client presented: what an authorizer says never shows it
+    (tokens of a few characters are no secret, and would garble the text)."""
+    return text.replace(token, "<token>") if isinstance(token, str) and len(token) >= 4 else text

@@ -1,7 +1,9 @@
 """A compute peer in a child process (for the demo, the benchmarks and the tests).
 
 ``PeerProcess()`` runs ``ember serve`` on 127.0.0.1 with a free port and stops it on exit —
-a context manager, so a Ctrl-C never leaves it behind.
+a context manager, so a Ctrl-C never leaves it behind. Its output is read as it comes (a peer
+whose log nobody reads would block in logging once the pipe fills); ``log`` keeps the last
+lines of its stderr.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import deque
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
+LOG_LINES = 1000  # the stderr lines a PeerProcess keeps
 
 
 class PeerProcess:
@@ -21,10 +25,12 @@ class PeerProcess:
 
     def __init__(self, *args: str, env: dict | None = None, timeout: float = 60):
         command = [sys.executable, "-m", "ember.cli", "serve", "--listen", "127.0.0.1:0", *args]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env={**os.environ, **(env or {})})
+        # the peer stops when this pipe closes, so a parent that dies (even by SIGKILL) leaves no peer behind
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, env={**os.environ, **(env or {}), "EMBER_STOP_WITH_PARENT": "1"})
         self.address: str | None = None
         self.output: list[str] = []
+        self.log: deque[str] = deque(maxlen=LOG_LINES)
         found = threading.Event()
 
         def watch():
@@ -36,10 +42,20 @@ class PeerProcess:
                     found.set()
             found.set()
 
-        threading.Thread(target=watch, daemon=True).start()
+        def drain():
+            for line in self.process.stderr:
+                self.log.append(line)
+
+        self._readers = [threading.Thread(target=target, daemon=True) for target in (watch, drain)]
+        for reader in self._readers:
+            reader.start()
         if not found.wait(timeout) or self.address is None:
             self.stop()
-            raise RuntimeError(f"ember serve did not start: {''.join(self.output)}")
+            raise RuntimeError(f"ember serve did not start: {''.join(self.output)}{''.join(self.log)[-2000:]}")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     def url(self, scheme: str = "ember", index: int = 0, token: str | None = None) -> str:
         """The device string of this peer's device ``index``."""
@@ -59,7 +75,9 @@ class PeerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
-        for stream in (self.process.stdout, self.process.stderr):
+        for reader in self._readers:  # the pipes end with the process
+            reader.join(5)
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
             if stream:
                 stream.close()
 

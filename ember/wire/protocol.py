@@ -15,6 +15,7 @@ literals written as ``[value, dtype name]``. Every size is checked against
 from __future__ import annotations
 
 import math
+import re
 import struct
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
@@ -37,7 +38,8 @@ _NUMPY = {d.name: native for d, native in dt.NUMPY.items()}
 
 @dataclass(frozen=True)
 class Limits:
-    """Sizes a peer accepts; the server announces its own at the handshake."""
+    """Sizes a peer accepts; the server announces its own at the handshake (a served peer's
+    default header limit is smaller: ``ember.remote.server.PEER_LIMITS``)."""
 
     max_header_bytes: int = 64 << 20
     max_tensor_bytes: int = 4 << 30
@@ -50,6 +52,10 @@ class Limits:
     @classmethod
     def from_dict(cls, values: dict) -> Limits:
         return cls(**{k: int(v) for k, v in values.items() if k in cls.__dataclass_fields__})
+
+
+#: what either side accepts until the handshake is done: nothing large before authentication
+HANDSHAKE_LIMITS = Limits(max_header_bytes=64 << 10, max_tensor_bytes=64 << 10, max_frame_bytes=64 << 10)
 
 
 class Frame(NamedTuple):
@@ -94,18 +100,42 @@ def pack(value) -> bytes:
         raise ProtocolError(f"cannot encode a message: {error}") from None
 
 
+# msgpack decodes extension type -1 (a timestamp) itself, without asking the ext hook; every
+# encoding of it has the type byte 0xff right after one of these markers (and a length)
+_MAYBE_TIMESTAMP = re.compile(rb"[\xd4-\xd8]\xff|\xc7.\xff|\xc8..\xff|\xc9....\xff", re.DOTALL)
+
+
 def unpack(data):
     """Plain data from msgpack bytes; tuples for arrays; ProtocolError on anything malformed.
 
     msgpack bounds every string, array, map and extension by the size of ``data`` itself, so a
-    few bytes announcing a billion elements are refused before anything is allocated.
+    few bytes announcing a billion elements are refused before anything is allocated; maps
+    (headers, attributes) hold at most 1024 entries and extensions 64 bytes. Extension types
+    other than ember's two — msgpack's timestamp (-1) included — are refused.
     """
     try:
-        return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True, ext_hook=_ext_hook)
+        value = msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True, ext_hook=_ext_hook,
+                                max_map_len=1 << 10, max_ext_len=64)
     except ProtocolError:
         raise
     except Exception as error:  # msgpack raises several types on malformed input
         raise ProtocolError(f"malformed header: {type(error).__name__}: {error}") from None
+    if _MAYBE_TIMESTAMP.search(data) and _holds_timestamp(value):  # rare: the bytes also occur inside other values
+        raise ProtocolError("unknown msgpack extension type -1 (a timestamp)")
+    return value
+
+
+def _holds_timestamp(value) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is tuple:
+            stack.extend(item)
+        elif type(item) is dict:
+            stack.extend(item.values())  # keys are strings
+        elif type(item) is msgpack.Timestamp:
+            return True
+    return False
 
 
 # --- frames -----------------------------------------------------------------------------------
@@ -145,12 +175,17 @@ def _segment_arrays(descriptors, limits: Limits, allocate=np.empty) -> tuple[lis
             shape = tuple(int(s) for s in shape)
         except (KeyError, TypeError, ValueError):
             raise ProtocolError(f"bad segment descriptor {item!r:.80}") from None
-        if any(s < 0 for s in shape) or len(shape) > 64:
+        if len(shape) > 64 or any(s < 0 for s in shape):
             raise ProtocolError(f"bad segment shape {shape!r:.80}")
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > limits.max_tensor_bytes:
             raise ProtocolError(f"a tensor of {nbytes} bytes exceeds the limit of {limits.max_tensor_bytes} bytes")
-        arrays.append(allocate(shape, dtype))
+        if math.prod(s for s in shape if s) * dtype.itemsize > limits.max_tensor_bytes:  # NumPy refuses these too
+            raise ProtocolError(f"bad segment shape {shape!r:.80}: empty, but its other extents exceed the tensor limit")
+        try:
+            arrays.append(allocate(shape, dtype))
+        except (ValueError, MemoryError) as error:
+            raise ProtocolError(f"cannot allocate a tensor of shape {shape!r:.80}: {error}") from None
         sizes.append(nbytes)
     return arrays, sizes
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from collections import deque
 
 from ..errors import ConnectionLost
@@ -19,6 +20,23 @@ from .tls import wrap_client
 _DIRECT = 1 << 16  # receive regions at least this large go straight into their array
 _IOV_MAX = 512
 _JOIN = 1 << 16    # over TLS, buffers smaller than this are joined into one write (one record, not many)
+
+
+class TimedOut(ConnectionLost):
+    """Nothing arrived within a wait's timeout or before a deadline: the connection is lost, and
+    the shells can tell this from a close."""
+
+
+def wait_limit(timeout: float | None, deadline: float | None) -> float | None:
+    """How long the next wait for bytes may last: ``timeout`` seconds, but never past ``deadline``
+    (a ``time.monotonic()`` value); None leaves the socket's own timeout. TimedOut once the
+    deadline has passed."""
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimedOut("the deadline passed")
+    return left if timeout is None else min(timeout, left)
 
 
 def tune(sock: socket.socket) -> None:
@@ -32,9 +50,11 @@ def tune(sock: socket.socket) -> None:
 
 class TcpConnection:
     """Frames over a TCP socket, plain or TLS, for either end; ``received`` holds bytes of the
-    stream already read from the socket (a server telling TCP from WebSocket over TLS)."""
+    stream already read from the socket (a server telling TCP from WebSocket over TLS). While
+    ``deadline`` is set (a ``time.monotonic()`` value: a server's handshake), no read waits past it."""
 
     transport = "tcp"
+    deadline: float | None = None
 
     def __init__(self, sock: socket.socket, limits: Limits = Limits(), timeout: float | None = None, allocate=None,
                  received: bytes = b""):
@@ -87,24 +107,33 @@ class TcpConnection:
         if small:
             self.sock.sendall(b"".join(small))
 
-    def receive(self) -> Frame:
-        """The next frame (blocking, within the socket's timeout)."""
-        while not self._frames:
-            target = self.reader.buffer()
-            try:
-                if target.nbytes >= _DIRECT:
-                    n = self.sock.recv_into(target)
-                    frames = self.reader.advance(n) if n else None
-                else:
-                    n = self.sock.recv_into(self._scratch)
-                    frames = self.reader.feed(memoryview(self._scratch)[:n]) if n else None
-            except TimeoutError:
-                raise ConnectionLost("timed out waiting for the peer") from None
-            except OSError as error:
-                raise ConnectionLost(f"connection lost: {error}") from None
-            if not n:
-                raise ConnectionLost("the peer closed the connection")
-            self._frames.extend(frames)
+    def receive(self, timeout: float | None = None) -> Frame:
+        """The next frame (blocking). Each wait for bytes lasts at most ``timeout`` seconds (default:
+        the socket's timeout) and never past ``deadline``; then TimedOut."""
+        previous = self.sock.gettimeout()
+        try:
+            while not self._frames:
+                target = self.reader.buffer()
+                limit = wait_limit(timeout, self.deadline)
+                if limit is not None:
+                    self.sock.settimeout(limit)
+                try:
+                    if target.nbytes >= _DIRECT:
+                        n = self.sock.recv_into(target)
+                        frames = self.reader.advance(n) if n else None
+                    else:
+                        n = self.sock.recv_into(self._scratch)
+                        frames = self.reader.feed(memoryview(self._scratch)[:n]) if n else None
+                except TimeoutError:
+                    raise TimedOut("timed out waiting for the peer") from None
+                except OSError as error:
+                    raise ConnectionLost(f"connection lost: {error}") from None
+                if not n:
+                    raise ConnectionLost("the peer closed the connection")
+                self._frames.extend(frames)
+        finally:
+            if timeout is not None:
+                self.sock.settimeout(previous)  # sends keep their own timeout
         return self._frames.popleft()
 
     def close(self) -> None:

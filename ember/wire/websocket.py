@@ -12,6 +12,7 @@ import ssl
 from collections import deque
 
 from websockets.client import ClientProtocol
+from websockets.exceptions import InvalidState
 from websockets.frames import Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import State
@@ -19,18 +20,25 @@ from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
 from ..errors import ConnectionLost, ProtocolError
-from .protocol import Frame, FrameReader, Limits
-from .tcp import tune
+from .protocol import PREFIX_SIZE, Frame, FrameReader, Limits
+from .tcp import TimedOut, tune, wait_limit
 from .tls import wrap_client
 
 _CHUNK = 4 << 20
 _FRAGMENT = 4 << 20
 
 
+def _max_size(limits: Limits) -> int:
+    """The largest WebSocket message ``limits`` allow: one frame, its prefix included."""
+    return PREFIX_SIZE + limits.max_frame_bytes
+
+
 class WebSocketConnection:
-    """Frames as binary WebSocket messages, for either end."""
+    """Frames as binary WebSocket messages, for either end. While ``deadline`` is set (a
+    ``time.monotonic()`` value: a server's handshake), no read waits past it."""
 
     transport = "websocket"
+    deadline: float | None = None
 
     def __init__(self, sock: socket.socket, protocol, limits: Limits = Limits(), allocate=None):
         self.sock = sock
@@ -42,7 +50,9 @@ class WebSocketConnection:
 
     def set_limits(self, limits: Limits) -> None:
         self.reader.limits = limits
-        self.protocol.max_size = limits.max_frame_bytes + limits.max_header_bytes
+        # read for each message; websockets ≥ 15 calls it max_message_size, older versions max_size
+        name = "max_message_size" if hasattr(self.protocol, "max_message_size") else "max_size"
+        setattr(self.protocol, name, _max_size(limits))
 
     def _flush(self) -> None:
         data = self.protocol.data_to_send()
@@ -54,6 +64,14 @@ class WebSocketConnection:
 
     def send(self, buffers: list) -> int:
         """One binary message per frame, sent in fragments of at most 4 MiB (no giant joins)."""
+        if self.protocol.state is not State.OPEN:  # closing already: the other end failed it or said goodbye
+            raise ConnectionLost(f"the WebSocket is {self.protocol.state.name.lower()}")
+        try:
+            return self._send(buffers)
+        except InvalidState as error:
+            raise ConnectionLost(f"the WebSocket closed: {error}") from None
+
+    def _send(self, buffers: list) -> int:
         views = [memoryview(b).cast("B") for b in buffers]
         total = sum(v.nbytes for v in views)
         chunks = []
@@ -79,13 +97,16 @@ class WebSocketConnection:
             self._flush()
         return total
 
-    def _pump(self) -> list:
+    def _pump(self, timeout: float | None = None) -> list:
         if self.protocol.eof_sent:  # a server failed the connection (an oversized message, a bad request): no waiting
             raise ConnectionLost(f"the WebSocket closed: {self.protocol.parser_exc or self.protocol.handshake_exc}")
+        limit = wait_limit(timeout, self.deadline)
+        if limit is not None:
+            self.sock.settimeout(limit)
         try:
             data = self.sock.recv(_CHUNK)
         except TimeoutError:
-            raise ConnectionLost("timed out waiting for the peer") from None
+            raise TimedOut("timed out waiting for the peer") from None
         except OSError as error:
             raise ConnectionLost(f"connection lost: {error}") from None
         if not data:
@@ -98,17 +119,24 @@ class WebSocketConnection:
             raise ConnectionLost(f"the WebSocket closed: {self.protocol.close_exc}")
         return events
 
-    def receive(self) -> Frame:
-        while not self._frames:
-            if self._peer_closed:
-                raise ConnectionLost("the peer closed the WebSocket")
-            for event in self._pump():
-                if getattr(event, "opcode", None) in (Opcode.BINARY, Opcode.CONT):
-                    self._frames.extend(self.reader.feed(event.data))  # fragments go straight to the reader
-                elif getattr(event, "opcode", None) == Opcode.TEXT:
-                    raise ProtocolError("text WebSocket messages are not part of the ember protocol")
-                elif getattr(event, "opcode", None) == Opcode.CLOSE:
-                    self._peer_closed = True  # frames that came before the close are still delivered
+    def receive(self, timeout: float | None = None) -> Frame:
+        """The next frame (blocking). Each wait for bytes lasts at most ``timeout`` seconds (default:
+        the socket's timeout) and never past ``deadline``; then TimedOut."""
+        previous = self.sock.gettimeout()
+        try:
+            while not self._frames:
+                if self._peer_closed:
+                    raise ConnectionLost("the peer closed the WebSocket")
+                for event in self._pump(timeout):
+                    if getattr(event, "opcode", None) in (Opcode.BINARY, Opcode.CONT):
+                        self._frames.extend(self.reader.feed(event.data))  # fragments go straight to the reader
+                    elif getattr(event, "opcode", None) == Opcode.TEXT:
+                        raise ProtocolError("text WebSocket messages are not part of the ember protocol")
+                    elif getattr(event, "opcode", None) == Opcode.CLOSE:
+                        self._peer_closed = True  # frames that came before the close are still delivered
+        finally:
+            if timeout is not None:
+                self.sock.settimeout(previous)  # sends keep their own timeout
         return self._frames.popleft()
 
     def close(self) -> None:
@@ -139,8 +167,7 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
     if tls is not None:
         sock = wrap_client(sock, tls, host, port, scheme)
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    protocol = ClientProtocol(parse_uri(f"{scheme}://{authority}{path}"),
-                              max_size=limits.max_frame_bytes + limits.max_header_bytes)
+    protocol = ClientProtocol(parse_uri(f"{scheme}://{authority}{path}"), max_size=_max_size(limits))
     connection = WebSocketConnection(sock, protocol, limits)
     protocol.send_request(protocol.connect())
     connection._flush()
@@ -152,13 +179,16 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
                 return connection
 
 
-def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None, received: bytes = b"") -> WebSocketConnection:
-    """Complete the WebSocket opening handshake of an accepted socket; ``received`` holds the
-    request's first bytes when they were already read from the socket."""
-    protocol = ServerProtocol(max_size=limits.max_frame_bytes + limits.max_header_bytes)
+def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None, received: bytes = b"",
+           deadline: float | None = None) -> WebSocketConnection:
+    """Complete the WebSocket opening handshake of an accepted socket, before ``deadline`` when
+    given (a ``time.monotonic()`` value); ``received`` holds the request's first bytes when they
+    were already read from the socket."""
+    protocol = ServerProtocol(max_size=_max_size(limits))
     if received:
         protocol.receive_data(received)
     connection = WebSocketConnection(sock, protocol, limits, allocate)
+    connection.deadline = deadline
     while True:
         for event in connection._pump():
             if isinstance(event, Request):
