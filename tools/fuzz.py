@@ -6,10 +6,15 @@ flipped, cut, repeated or inserted, and values inside decoded messages replaced 
 and sent over TCP by several clients at once, each after a valid handshake (and some before
 it: mutated handshakes). After each fuzzed frame the client asks for a sync and waits:
 
-- *answered*: the peer replied (an error reply counts: the session lives on);
-- *refused*: the peer closed the connection, having sent a ProtocolError (the client reconnects);
-- *hang*: no answer and no close within the timeout (a bug);
+- *answered*: the peer answered the sync (an error reply counts: the session lives on);
+- *refused*: the peer sent an error frame (a ProtocolError, a refused handshake) and closed;
+- *closed*: the peer closed without a word — a frame the mutation cut short ended at the
+  client's end of stream, or a handshake it could not parse;
+- *hang*: the connection was neither answered nor closed within the timeout (a bug);
 - *crash*: the peer process died (a bug; it is restarted).
+
+Each case is a fresh connection: after the fuzzed frame and a sync the client closes its sending
+side, so a mutation that announces more bytes than it sends cannot make the peer wait.
 
 At the end a fresh client checks the peer still computes correctly, and the peer's peak memory
 (VmHWM) is reported against its memory budget. docs/security.md records a run.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import socket
 import sys
 import threading
 import time
@@ -32,65 +38,64 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 import ember as em  # noqa: E402
-from ember.errors import ConnectionLost, EmberError  # noqa: E402
+from ember.errors import EmberError  # noqa: E402
 from ember.remote.spawn import PeerProcess  # noqa: E402
 from ember.wire import protocol as wire  # noqa: E402
-from ember.wire import tcp  # noqa: E402
 from tests.traffic import ODD_VALUES, mutate, record_traffic  # noqa: E402
 
 INIT = wire.encode_frame({"t": "init", "v": wire.VERSION, "device": 0})
-SYNC = wire.encode_frame({"t": "batch", "m": (("sync", 1),)})
+SYNC = b"".join(bytes(b) for b in wire.encode_frame({"t": "batch", "m": (("sync", 1),)}))
 
 
 def _mutations(rng: random.Random) -> list:
-    kinds = ["message", "message", "flip", "truncate", "repeat", "insert"]
+    # half the cases change values inside a well-formed frame, which reach the session's handlers
+    kinds = ["message"] if rng.random() < 0.5 else ["message", "flip", "truncate", "repeat", "insert"]
     return [(kind, rng.randrange(1 << 20), rng.randrange(len(ODD_VALUES)) if kind == "message" else rng.randrange(1, 256))
             for kind in rng.choices(kinds, k=rng.randint(1, 4))]
 
 
-class Client:
-    """One fuzzing client: a connection that is reopened whenever the peer closes it."""
-
-    def __init__(self, address: str, timeout: float):
-        self.host, self.port = address.rsplit(":", 1)
-        self.timeout = timeout
-        self.connection = None
-
-    def open(self, handshake=INIT):
-        self.close()
-        self.connection = tcp.connect(self.host, int(self.port), timeout=self.timeout)
-        self.connection.send(handshake)
-        return self.connection.receive().header
-
-    def close(self):
-        if self.connection is not None:
-            self.connection.close()
-            self.connection = None
-
-    def case(self, data: bytes) -> str:
-        """Send one fuzzed frame and a sync; what the peer did."""
-        if self.connection is None:
-            self.open()
+def case(address: str, data: bytes, timeout: float, handshake: bytes | None = None) -> str:
+    """One fuzz case on a fresh connection: a handshake (``handshake``, or a valid one), the fuzzed
+    frame and a sync, then the client stops sending; what the peer did before it closed."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    try:
+        sock.sendall(handshake or b"".join(bytes(b) for b in INIT))
+        reader = wire.FrameReader(wire.Limits(max_frame_bytes=1 << 30))
+        if handshake is None:
+            _frames(sock, reader, 1)  # the info frame
+        sock.sendall(data + SYNC)
+        sock.shutdown(socket.SHUT_WR)  # a frame cut short by the mutation ends here: the peer must not wait forever
+        answered = refused = False
         start = time.monotonic()
-        try:
-            self.connection.send([data])
-            self.connection.send(SYNC)
-            while True:  # replies to the fuzzed frame's own gets come first
-                header = self.connection.receive().header
-                if header.get("t") == "error":  # a refusal: the peer closes next
-                    self.close()
-                    return "refused"
-                if header.get("t") == "reply" and any(m[:2] in (("ok", 1), ("error", 1)) for m in header.get("m", ())
-                                                      if isinstance(m, tuple) and len(m) >= 2):
-                    return "answered"
-        except ConnectionLost as error:
-            self.close()
-            if "timed out" in str(error) or time.monotonic() - start >= self.timeout:
+        while True:
+            frames = _frames(sock, reader, 1)
+            if frames is None:  # the peer closed
+                return "answered" if answered else "refused" if refused else "closed"
+            if time.monotonic() - start > timeout:
                 return "hang"
-            return "refused"
-        except EmberError:
-            self.close()
-            return "refused"
+            for frame in frames:
+                kind = frame.header.get("t")
+                refused = refused or kind in ("error", "refuse")
+                answered = answered or (kind == "reply" and any(
+                    isinstance(m, tuple) and m[:2] in (("ok", 1), ("error", 1)) for m in frame.header.get("m", ())))
+    except TimeoutError:
+        return "hang"
+    except (ConnectionError, OSError, EmberError):
+        return "closed"
+    finally:
+        sock.close()
+
+
+def _frames(sock: socket.socket, reader, at_least: int) -> list | None:
+    """Frames read until at least one arrives; None when the peer closed."""
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return None
+        frames = reader.feed(chunk)
+        if len(frames) >= at_least:
+            return frames
 
 
 def main(argv=None) -> int:
@@ -102,9 +107,11 @@ def main(argv=None) -> int:
     parser.add_argument("--max-memory", type=int, default=512 << 20, help="the peer's memory budget (bytes)")
     args = parser.parse_args(argv)
     traffic = record_traffic()
-    counts = {"answered": 0, "refused": 0, "hang": 0, "crash": 0, "handshakes fuzzed": 0}
+    counts = {"answered": 0, "refused": 0, "closed": 0, "hang": 0, "crash": 0, "handshakes fuzzed": 0,
+              "peer tracebacks": 0}
     lock = threading.Lock()
-    peer = PeerProcess("--max-memory", str(args.max_memory), "--max-tensor-bytes", str(64 << 20))
+    peer_args = ("--max-memory", str(args.max_memory), "--max-tensor-bytes", str(64 << 20))
+    peer = PeerProcess(*peer_args)
     peak = [0]
     started = time.monotonic()
 
@@ -116,27 +123,21 @@ def main(argv=None) -> int:
     def work(worker: int, frames: int):
         nonlocal peer
         rng = random.Random(args.seed * 1000 + worker)
-        client = Client(peer.address, args.timeout)
         for _ in range(frames):
-            if rng.random() < 0.02:  # a mutated handshake, before any session exists
-                try:
-                    client.open(mutate(b"".join(bytes(b) for b in INIT), _mutations(rng)))
-                except EmberError:
-                    pass
-                client.close()
-                with lock:
-                    counts["handshakes fuzzed"] += 1
-            outcome = client.case(mutate(rng.choice(traffic), _mutations(rng)))
+            handshake = None
+            if rng.random() < 0.05:  # a mutated handshake: the frame must then find no session
+                handshake = mutate(b"".join(bytes(b) for b in INIT), _mutations(rng))
+            outcome = case(peer.address, mutate(rng.choice(traffic), _mutations(rng)), args.timeout, handshake)
             with lock:
                 if peer.process.poll() is not None:
                     counts["crash"] += 1
-                    peer = PeerProcess("--max-memory", str(args.max_memory))
-                    client = Client(peer.address, args.timeout)
+                    counts["peer tracebacks"] += peer.tracebacks
+                    peer = PeerProcess(*peer_args)
                 counts[outcome] += 1
-                total = sum(counts[o] for o in ("answered", "refused", "hang"))
-                if total % 5000 == 0:
+                counts["handshakes fuzzed"] += handshake is not None
+                total = sum(counts[o] for o in ("answered", "refused", "closed", "hang"))
+                if total % 10_000 == 0:
                     print(f"  {total} frames: {counts}", file=sys.stderr, flush=True)
-        client.close()
 
     done = threading.Event()
     watcher = threading.Thread(target=watch_memory, daemon=True)
@@ -155,6 +156,7 @@ def main(argv=None) -> int:
     finally:
         done.set()
         peer.stop()
+        counts["peer tracebacks"] += peer.tracebacks
     seconds = time.monotonic() - started
     print(f"fuzzed frames {args.frames} in {seconds:.0f} s ({args.frames / seconds:.0f}/s), clients {args.clients}, "
           f"seed {args.seed}")
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
         print(f"  {outcome:<18}{n}")
     print(f"  peer peak RSS     {peak[0] / 1024:.0f} MiB (memory budget {args.max_memory >> 20} MiB)")
     print(f"  afterwards        {'computes correctly' if correct else 'WRONG RESULT'}")
-    return 0 if counts["hang"] == counts["crash"] == 0 and correct else 1
+    return 0 if counts["hang"] == counts["crash"] == counts["peer tracebacks"] == 0 and correct else 1
 
 
 def _kib(pid: int, field: str) -> int:

@@ -31,6 +31,7 @@ class PeerProcess:
         self.address: str | None = None
         self.output: list[str] = []
         self.log: deque[str] = deque(maxlen=LOG_LINES)
+        self.tracebacks = 0  # tracebacks the peer logged: an error it did not expect
         found = threading.Event()
 
         def watch():
@@ -45,6 +46,7 @@ class PeerProcess:
         def drain():
             for line in self.process.stderr:
                 self.log.append(line)
+                self.tracebacks += line.startswith("Traceback (most recent call last)")
 
         self._readers = [threading.Thread(target=target, daemon=True) for target in (watch, drain)]
         for reader in self._readers:
