@@ -333,3 +333,57 @@ def test_a_graphs_constants_count_while_it_is_registered_and_a_refused_graph_kee
     broken = register[:4] + ((("no_such_op", (0,), (99,), {}),), register[5])
     _send(session, broken, segments=constants)  # the same number, now refused: the old graph and its constants go
     assert session.used == 128 + 128 and session.graphs[7][4] is not None
+
+
+def test_the_budget_holds_exactly_its_limit_and_a_pool_gives_way_largest_first_only_as_needed():
+    from ember.remote.session import BufferPool
+    assert Budget(100).take(100) and not Budget(100).take(101)  # at the limit: yes; past it: no
+    budget = Budget(100)
+    assert budget.take(60) and not budget.take(41) and budget.take(40) and budget.used == 100
+    budget = Budget(10 * MiB)
+    pool = BufferPool(minimum=1024, budget=budget)
+    for n in (MiB, 2 * MiB, 3 * MiB):
+        pool.release(pool.allocate((n,), np.dtype(np.uint8)))  # held by nothing else: kept
+    assert pool.total == 6 * MiB and budget.used == 6 * MiB
+    assert budget.take(5 * MiB)  # 1 MiB short: only the largest idle buffer goes
+    assert pool.total == 3 * MiB and sorted(pool.free) == [MiB, 2 * MiB] and budget.used == 8 * MiB
+    assert not budget.take(3 * MiB, evict=False) and pool.total == 3 * MiB  # without evicting: refused, pool kept
+    assert budget.take(2 * MiB + 1)  # 1 byte short: the larger buffer goes, the smaller stays
+    assert sorted(pool.free) == [MiB] and budget.used == 8 * MiB + 1
+
+
+def test_a_released_buffer_is_kept_only_if_the_budget_has_room_without_evicting():
+    from ember.remote.session import BufferPool
+    budget = Budget(3 * MiB)
+    pool = BufferPool(minimum=1024, budget=budget)
+    pool.release(pool.allocate((2 * MiB,), np.dtype(np.uint8)))
+    assert pool.total == 2 * MiB and budget.used == 2 * MiB
+    pool.release(np.empty(2 * MiB, np.uint8)[:])  # no room for both: the second is let go, the first stays
+    assert pool.total == 2 * MiB and budget.used == 2 * MiB and len(pool.free[2 * MiB]) == 1
+
+
+def test_a_session_keeps_a_little_credit_of_the_budget_and_gives_back_the_rest():
+    from ember.remote.session import CREDIT
+    host = _host(session_bytes=1 << 40, memory=64 * MiB)
+    session = _open(host)
+    session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [np.ones(MiB // 8)]))  # 1 MiB, nothing reserved
+    assert (session.used, session.credit, host.budget.used) == (MiB, CREDIT, MiB + CREDIT)
+    session.handle(Frame({"t": "batch", "m": (("drop", (1,)),)}, []))
+    assert (session.used, session.credit, host.budget.used) == (0, 2 * CREDIT, 2 * CREDIT)  # at 2 credits: kept
+    session.handle(Frame({"t": "batch", "m": (("put", 2, 0), ("drop", (2,)))}, [np.ones(3 * MiB // 8)]))
+    assert (session.used, session.credit, host.budget.used) == (0, CREDIT, CREDIT)  # past 2 credits: one is kept
+    tight = _host(session_bytes=1 << 40, memory=MiB + 4096)
+    lean = _open(tight)
+    lean.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [np.ones(MiB // 8)]))  # no room for a credit beside it
+    assert (lean.used, lean.credit, tight.budget.used) == (MiB, 0, MiB)
+    lean.handle(Frame({"t": "batch", "m": (("put", 2, 0),)}, [np.ones(512)]))  # 4 KiB: exactly the rest of the budget
+    assert (lean.used, tight.budget.used) == (MiB + 4096, MiB + 4096) and lean.metas[2].shape == (512,)
+    tight.close(lean)
+    assert (lean.used, lean.credit, tight.budget.used) == (0, 0, tight.pool.total)
+
+
+def test_a_session_may_fill_its_quota_exactly():
+    session = _open(_host(session_bytes=MiB))
+    assert _replies(session, ("put", 1, 0), ("sync", 2), segments=[np.ones(MiB // 8)]) == [("ok", 2)]
+    ((_, _, kind, message), _) = _replies(session, ("put", 3, 0), ("get", 4, 3), ("sync", 5), segments=[np.ones(1)])
+    assert kind == "ResourceLimitError" and message == "put of tensor 3: " + _quota("put", 8, MiB, quota=MiB)[5:]

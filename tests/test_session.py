@@ -270,6 +270,8 @@ INV, ADD = ("inv", (0,), (1,), {}), ("add", (1, 2), (3,), {})  # _captured()'s r
     ((INV, ("add", (1, 2), (3,), {"axis": 0})), None, "ProtocolError", "add: unknown attribute 'axis'"),
     ((INV, ("tile", (1,), (3,), {})), None, "ProtocolError", "tile: the required attribute 'repetitions' is missing"),
     ((INV, ("add", (1, (1.0, "float99")), (3,), {})), None, "ProtocolError", "add: malformed literal input (1.0, 'float99')"),
+    ((INV, ("add", (1, ((1.0,) * 3, "float64")), (3,), {})), None, "ProtocolError",  # a tuple is no scalar literal
+     "add: malformed literal input ((1.0, 1.0, 1.0), 'float64')"),
     ((INV, ("add", (1, 2), (3,))), None, "ProtocolError",
      "a record is (name, inputs, outputs, attrs), got ('add', (1, 2), (3,))"),
     ((INV, ("add", [1, 2], (3,), {})), None, "ProtocolError", "add: a record is (name, inputs, outputs, attrs)"),

@@ -94,9 +94,11 @@ class Budget:
     def take(self, nbytes: int, evict: bool = True) -> bool:
         """Count ``nbytes`` more if they fit, letting idle pool buffers go first when ``evict``."""
         with self.lock:
-            if self.used + nbytes > self.limit and evict and self.pool is not None:
-                self.used -= self.pool.shrink(self.used + nbytes - self.limit)
-            if self.used + nbytes > self.limit:
+            short = self.used + nbytes - self.limit
+            if short > 0 and evict and self.pool is not None:
+                self.used -= self.pool.shrink(short)
+                short = self.used + nbytes - self.limit
+            if short > 0:
                 return False
             self.used += nbytes
             return True
@@ -238,10 +240,15 @@ class Session:
 
     def _take(self, what: str, nbytes: int) -> None:
         """Count ``nbytes`` more against the quota and the budget, or refuse naming ``what``."""
+        reason = self._reserve(nbytes)
+        if reason is not None:
+            raise ResourceLimitError(f"{what}: {reason}")
+
+    def _reserve(self, nbytes: int) -> str | None:
+        """Count ``nbytes`` more if the quota and the budget have room; else why not."""
         quota = self.limits.max_session_bytes
         if self.used + nbytes > quota:
-            raise ResourceLimitError(f"{what}: {nbytes} more bytes would exceed this session's quota of {quota} bytes "
-                                     f"({self.used} in use)")
+            return f"{nbytes} more bytes would exceed this session's quota of {quota} bytes ({self.used} in use)"
         if nbytes > self.credit:
             wanted = nbytes - self.credit
             if self.budget.take(wanted + CREDIT):
@@ -249,10 +256,11 @@ class Session:
             elif self.budget.take(wanted):
                 self.credit += wanted
             else:
-                raise ResourceLimitError(f"{what}: {nbytes} more bytes would exceed the peer's memory budget of "
-                                         f"{self.budget.limit} bytes ({self.budget.used} in use by all sessions)")
+                return (f"{nbytes} more bytes would exceed the peer's memory budget of {self.budget.limit} bytes "
+                        f"({self.budget.used} in use by all sessions)")
         self.credit -= nbytes
         self.used += nbytes
+        return None
 
     def _give(self, nbytes: int) -> None:
         self.used -= nbytes
@@ -264,14 +272,12 @@ class Session:
     def allocate(self, shape: tuple, dtype) -> np.ndarray | None:
         """Where a received tensor goes (the frame reader's hook, once the session is open): a
         buffer counted against the quota and the budget, or None to read its bytes and drop them."""
-        nbytes = math.prod(shape) * dtype.itemsize
-        try:
-            self._take("put", nbytes)
-        except ResourceLimitError as error:  # why, for the message that meets this segment (frames come in order)
-            self._declined.append(str(error).split(": ", 1)[1])
+        reason = self._reserve(math.prod(shape) * dtype.itemsize)
+        if reason is not None:  # why, for the message that meets this segment (frames come in order)
+            self._declined.append(reason)
             return None
         array = self.pool.allocate(shape, dtype)
-        self._received[id(array)] = nbytes
+        self._received[id(array)] = array.nbytes
         return array
 
     def _store(self, tid, value, meta: Meta | None, counted: bool = False) -> None:
