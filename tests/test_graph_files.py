@@ -81,6 +81,8 @@ TAMPERED = {  # name -> (header entries replaced, what the error names)
                                       "input 'x' is (5, 3) float32, but its node 0 is recorded as (2, 3) float32"),
     "input of no dtype": ({"inputs": (("x", 0, "float32", (2, 3)),)}, "input 'x' has no valid shape and dtype"),
     "negative dimension": ({"metas": _meta(2, shape=(-2, 3))}, "node 2 has no valid shape and dtype: (-2, 3)"),
+    "constant with no recorded meta": ({"metas": tuple(m for m in SAVED["metas"] if m[0] != 1)},
+                                       "constant 1 holds (3,) float32, but is recorded as nothing"),
     "constant disagrees with its data": ({"metas": _meta(1, shape=(1, 3))},
                                          "constant 1 holds (3,) float32, but is recorded as (1, 3) float32"),
     "output nothing produces": ({"outputs": (("y", 99),)}, "output 'y' is not produced by the graph"),
@@ -99,6 +101,7 @@ def test_the_untampered_file_round_trips(saved, tmp_path):
     _, header, segments = saved
     graph = em.load_graph(_write(tmp_path / "same.ember", header, segments))
     np.testing.assert_array_equal(em.asnumpy(graph(np.ones((2, 3), np.float32))), [4.5, 4.5])
+    assert not graph.constants[1].flags.writeable  # a loaded graph's constants cannot be changed under it
 
 
 @pytest.mark.parametrize("case", TAMPERED)
@@ -124,7 +127,8 @@ def _header_end(data: bytes) -> int:
 DAMAGED = {  # name -> (the saved file's bytes -> the damaged bytes, what the error names)
     "empty": (lambda data: b"", "is truncated or has trailing data"),
     "cut in the prefix": (lambda data: data[:10], "is truncated or has trailing data"),
-    "cut in the header": (lambda data: data[:wire.PREFIX_SIZE + 5], "is truncated or has trailing data"),
+    "cut in the header": (lambda data: data[:wire.PREFIX_SIZE + 5],  # its header cannot fit in what is left
+                          "is not a valid ember graph: a header of"),
     "cut in the tensors": (lambda data: data[:-1], "is truncated or has trailing data"),
     "a trailing byte": (lambda data: data + b"\0", "is truncated or has trailing data"),
     "a second frame": (lambda data: data + data, "is truncated or has trailing data"),
@@ -132,8 +136,10 @@ DAMAGED = {  # name -> (the saved file's bytes -> the damaged bytes, what the er
     "malformed header": (lambda data: data[:wire.PREFIX_SIZE] + b"\xc1" * (_header_end(data) - wire.PREFIX_SIZE)
                          + data[_header_end(data):], "is not a valid ember graph: malformed header"),
     "header not a map": (lambda data: _frame([], 0), "is not a valid ember graph: a frame header must be a map"),
-    "tensor larger than the file": (lambda data: _frame({"seg": (("uint8", (100_000,)),)}, 100_000),
-                                    "is not a valid ember graph: a tensor of 100000 bytes exceeds the limit"),
+    "tensors larger than the file": (lambda data: _frame({"seg": (("uint8", (100_000,)),)}, 100_000),
+                                     "is not a valid ember graph: a frame of 100019 bytes exceeds the limit of 35"),
+    "header larger than the file": (lambda data: wire.MAGIC + (1 << 20).to_bytes(4, "little") + bytes(8) + b"\x80",
+                                    "is not a valid ember graph: a header of 1048576 bytes exceeds the limit of 17"),
     "tensors disagree with the payload": (lambda data: _frame({"seg": (("uint8", (4,)),)}, 3) + b"abc",
                                           "is not a valid ember graph: segments disagree with the payload length 3"),
 }

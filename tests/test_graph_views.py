@@ -3,6 +3,7 @@ and the files ``render`` writes (Graphviz draws SVG and PNG where ``dot`` is ins
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -66,12 +67,18 @@ def test_the_json_view_describes_every_node_op_literal_and_attribute(graph):
         ]}
 
 
-def test_non_finite_and_complex_attributes_are_json_text():
+def test_non_finite_complex_and_text_attributes_are_json_text(tmp_path):
     with em.capture() as cap:
         cap.output(em.full((2,), math.inf, device=cap.device), "inf")
         cap.output(em.full((1,), math.nan, device=cap.device), "nan")
         cap.output(em.full((1,), 1 - 1j, device=cap.device), "c")
-    assert [op["attrs"]["fill_value"] for op in cap.graph.to_json()["ops"]] == ["inf", "nan", {"re": 1.0, "im": -1.0}]
+        logits = cap.input((2, 3), em.float64, "logits")
+        cap.output(em.nn.cross_entropy(logits, em.asarray([0, 2], device=cap.device), reduction="sum"), "loss")
+    view = cap.graph.to_json()
+    assert [op["attrs"]["fill_value"] for op in view["ops"][:3]] == ["inf", "nan", {"re": 1.0, "im": -1.0}]
+    assert view["ops"][3]["attrs"] == {"reduction": "sum"}
+    text = cap.graph.save(tmp_path / "g.json").read_text()
+    assert json.loads(text) == view and text.count("\n") > 40  # indented: one value a line, for reading
 
 
 DOT = r'''digraph ember {
@@ -103,6 +110,15 @@ def test_the_dot_drawing_is_exactly_the_graph(graph):
     assert graph.to_dot() == DOT  # sum's attributes (41 characters) are too long for its box: left out
 
 
+def test_the_drawing_leaves_out_indexing_keys_and_unset_attributes():
+    with em.capture() as cap:
+        x = cap.input((4, 3), em.float32, "x")
+        cap.output(em.sum(x[1:, 0]), "s")
+    dot = cap.graph.to_dot()
+    assert 'label="getitem"' in dot and "key=" not in dot
+    assert 'label="sum\\ndtype=float32, keepdims=False"' in dot  # axis is None: not drawn
+
+
 def test_render_writes_dot_text_without_graphviz(graph, tmp_path):
     assert graph.render(tmp_path / "g.dot").read_text() == DOT
 
@@ -113,6 +129,14 @@ def test_render_without_graphviz_says_what_to_install(graph, tmp_path, monkeypat
         graph.render(tmp_path / "g.svg")
     assert str(refused.value) == ("render: drawing g.svg needs Graphviz's `dot` program, which is not installed "
                                   "(apt install graphviz); render to a .dot file, or use g.to_dot()")
+
+
+@needs_dot
+def test_a_format_graphviz_lacks_is_refused_with_its_reason(graph, tmp_path):
+    with pytest.raises(em.NotSupportedError) as refused:
+        graph.render(tmp_path / "g.nosuchformat")
+    assert str(refused.value).startswith("render: Graphviz could not draw g.nosuchformat: ")
+    assert "nosuchformat" in str(refused.value).split(": ", 2)[2]  # dot's own words
 
 
 @needs_dot

@@ -34,7 +34,7 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "autodiff": (["ember/autodiff.py", "ember/engines/autodiff.py"],
                  ["tests/test_autodiff_api.py", "tests/test_autodiff.py", "tests/test_array.py", "tests/test_optim.py"]),
     "graphs": (["ember/graphs/*"], ["tests/test_capture.py", "tests/test_graph_files.py", "tests/test_graph_views.py",
-                                   "tests/test_readme.py"]),
+                                   "tests/test_jit.py", "tests/test_readme.py"]),
     "wire": (["ember/wire/protocol.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
     "session": (["ember/remote/session.py"], ["tests/test_session.py", "tests/test_budget.py", "tests/test_remote.py"]),
     "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],

@@ -19,7 +19,9 @@ def load_graph(path) -> CapturedGraph:
     """Read a graph written by ``CapturedGraph.save``; GraphFormatError if it is malformed,
     truncated or newer than this ember reads."""
     data = Path(path).read_bytes()
-    reader = wire.FrameReader(wire.Limits(max_frame_bytes=max(len(data), 1 << 20), max_tensor_bytes=max(len(data), 1)))
+    # nothing in a file can be larger than the file: a header claiming more is refused before anything is allocated
+    size = len(data)
+    reader = wire.FrameReader(wire.Limits(max_header_bytes=size, max_tensor_bytes=size, max_frame_bytes=size))
     try:
         frames = reader.feed(data)
     except (ProtocolError, EmberError) as error:

@@ -172,8 +172,10 @@ class CapturedGraph:
         if dot is None:
             raise NotSupportedError(f"render: drawing {path.name} needs Graphviz's `dot` program, which is not installed "
                                     f"(apt install graphviz); render to a .dot file, or use g.to_dot()")
-        subprocess.run([dot, f"-T{path.suffix.lstrip('.') or 'svg'}", "-o", str(path)], input=self.to_dot(),
-                       text=True, check=True, capture_output=True)
+        drawn = subprocess.run([dot, f"-T{path.suffix[1:] or 'svg'}", "-o", str(path)], input=self.to_dot(), text=True,
+                               capture_output=True)
+        if drawn.returncode:
+            raise NotSupportedError(f"render: Graphviz could not draw {path.name}: {drawn.stderr.strip()}")
         return path
 
     # --- files ----------------------------------------------------------------------------------
@@ -204,7 +206,7 @@ class CapturedGraph:
             return path
         constant_ids = list(self.constants)
         header = {
-            "t": "graph", "format": "ember.graph", "version": GRAPH_FORMAT_VERSION,
+            "format": "ember.graph", "version": GRAPH_FORMAT_VERSION,
             "inputs": tuple((n, i, m.dtype, m.shape) for n, i, m in self.inputs),
             "outputs": tuple((n, i) for n, i in self.outputs),
             "ops": tuple(op[:4] for op in self.ops),  # the records as the wire carries them (no metas)

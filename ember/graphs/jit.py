@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..engines.capture import Node
 from ..errors import EmberError, NoValueError, OutputError, TracedBranchError
 from ..trees import flatten, unflatten
-from .graph import CapturedGraph
 from .scope import capture
 
 
@@ -27,14 +26,15 @@ class Jitted:
             return self.function(*args, **kwargs)
         devices = {leaf.device for leaf in leaves}
         if len(devices) > 1:
-            raise EmberError(f"jit({self.__name__}): array arguments are on different devices: {', '.join(map(str, devices))}")
+            raise EmberError(f"jit({self.__name__}): array arguments are on different devices: "
+                             f"{', '.join(sorted(map(str, devices)))}")
         device = leaves[0].device
         key = (structure, tuple((leaf.shape, leaf.dtype) for leaf in leaves), device)
         entry = self.graphs.get(key)
         if entry is None:
             entry = self.graphs[key] = self._capture(structure, leaves)
         graph, out_structure = entry
-        results = graph(*leaves, device=device) if graph.outputs else ()
+        results = graph(*leaves, device=device) if graph is not None else ()
         results = results if isinstance(results, tuple) else (results,)
         return unflatten(out_structure, results)
 
@@ -56,8 +56,7 @@ class Jitted:
                 else:
                     raise OutputError(f"jit({self.__name__}): output {i} is not computed in the function "
                                       f"(return it from outside the jitted function)")
-        graph = cap.graph if out_leaves else CapturedGraph([], [], [], {}, {})
-        return graph, out_structure
+        return (cap.graph if out_leaves else None), out_structure  # None: nothing to replay
 
     def __repr__(self) -> str:
         return f"<jit {self.__name__}: {len(self.graphs)} captured>"
