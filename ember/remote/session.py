@@ -215,6 +215,7 @@ class Session:
         self.registry = registry
         self.tensors: dict[int, object] = {}   # id -> native array or Poison
         self.metas: dict[int, Meta] = {}
+        self.sizes: dict[int, int] = {}         # id -> the bytes counted for it
         self.unreported: list[Poison] = []      # failures since the last sync
         self.graphs: dict[int, tuple] = {}      # registered graphs, by number
         self.ops = 0
@@ -229,11 +230,12 @@ class Session:
 
     # -- bookkeeping --
     def live_bytes(self) -> int:
-        return sum(_nbytes(m) for m in self.metas.values() if None not in m.shape)
+        return sum(self.sizes.values())
 
     def close(self) -> None:
         self.tensors.clear()
         self.metas.clear()
+        self.sizes.clear()
         self.graphs.clear()
         self.budget.give(self.used + self.credit)
         self.used = self.credit = self.receiving = self.replying = 0
@@ -283,23 +285,26 @@ class Session:
     def _store(self, tid, value, meta: Meta | None, counted: bool = False) -> None:
         """Keep ``value`` as tensor ``tid`` (a Poison has no meta), counting its bytes unless ``counted``."""
         _check_id(tid)
-        old = self.metas.pop(tid, None)
+        old = self.sizes.pop(tid, None)
+        self.metas.pop(tid, None)
         self.tensors.pop(tid, None)
         if old is not None:
-            self._give(_nbytes(old))
+            self._give(old)
         if self._sent:
             self._sent.pop(tid, None)
-        if meta is not None and not counted:
-            try:
-                self._take("put", _nbytes(meta))
-            except ResourceLimitError as error:
-                poison = Poison("ResourceLimitError", str(error))
-                self.tensors[tid] = poison
-                self.unreported.append(poison)
-                return
-        self.tensors[tid] = value
         if meta is not None:
+            nbytes = _nbytes(meta)
+            if not counted:
+                try:
+                    self._take("put", nbytes)
+                except ResourceLimitError as error:
+                    poison = Poison("ResourceLimitError", str(error))
+                    self.tensors[tid] = poison
+                    self.unreported.append(poison)
+                    return
             self.metas[tid] = meta
+            self.sizes[tid] = nbytes
+        self.tensors[tid] = value
 
     def _poison(self, outputs, kind: str, message: str) -> None:
         poison = Poison(kind, message)
@@ -383,8 +388,20 @@ class Session:
         try:
             metas = tuple(metas)
             op, attrs, out_metas = infer_record(name, metas, outputs, attrs)
-            need = self._need(op, metas, attrs, out_metas)
-            self._take(name, need)
+            # most ops: one output of a known size and no scratch, counted inline (this is every op's path)
+            simple = len(out_metas) == 1 and op.scratch is None and not op.data_dependent
+            if simple:
+                meta = out_metas[0]
+                need = math.prod(meta.shape) * meta.dtype.itemsize
+                if need > self.limits.max_tensor_bytes:
+                    self._check_size(name, out_metas)
+            else:
+                need = self._need(op, metas, attrs, out_metas)
+            if need <= self.credit and self.used + need <= self.limits.max_session_bytes:
+                self.credit -= need
+                self.used += need
+            else:
+                self._take(name, need)
             try:
                 values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
                 if op.data_dependent:  # now that the sizes are known, each must fit the tensor limit
@@ -396,30 +413,56 @@ class Session:
             text = str(error)
             self._poison(outputs, _error_kind(error), text if text.startswith((str(name), "unknown op")) else f"{name}: {text}")
             return
-        self._keep(outputs, values, out_metas, need)
+        tid = outputs[0] if simple else None
+        if type(tid) is int and tid >= 0 and tid not in self.sizes and not self._sent:
+            tensors[tid] = values[0]  # a new tensor: the reservation is its size
+            known[tid] = out_metas[0]
+            self.sizes[tid] = need
+        else:
+            self._keep(outputs, values, out_metas, need, not simple)
 
-    def _keep(self, outputs: tuple, values, out_metas: tuple, reserved: int) -> None:
-        """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs."""
+    def _keep(self, outputs: tuple, values, out_metas: tuple, reserved: int, partly: bool = True) -> None:
+        """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs (all
+        of them unless ``partly``: the outputs' sizes were all the reservation)."""
         for tid in outputs:
-            if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+            if type(tid) is not int or tid < 0:
                 self._give(reserved)
                 _check_id(tid)
-        kept = sum(_nbytes(m) for m in out_metas)
-        self._give(reserved - kept)
-        for tid, value, meta in zip(outputs, values, out_metas):
-            self._store(tid, value, meta, counted=True)
+        if len(outputs) == 1 and not partly:
+            kept = (reserved,)
+        else:
+            kept = [_nbytes(m) for m in out_metas]
+            if partly:
+                self._give(reserved - sum(kept))
+        tensors, known, sizes = self.tensors, self.metas, self.sizes
+        freed = 0
+        for tid, value, meta, nbytes in zip(outputs, values, out_metas, kept):
+            old = sizes.get(tid)
+            if old is not None:  # a tensor written again: the old one's bytes go back
+                freed += old
+            tensors[tid] = value
+            known[tid] = meta
+            sizes[tid] = nbytes
+        if freed:
+            self._give(freed)
+        if self._sent:
+            for tid in outputs:
+                self._sent.pop(tid, None)
 
     def _need(self, op, in_metas: tuple, attrs: dict, out_metas: tuple) -> int:
         """The bytes an op may hold while it runs: its outputs — a data-dependent one at its largest,
         as many elements as the largest input — and its kernels' scratch (the row's ``scratch`` rule).
         An output past the peer's tensor limit is refused."""
-        self._check_size(op.name, out_metas)
         need = 0
         for meta in out_metas:
-            if None in meta.shape:
+            shape = meta.shape
+            if None in shape:  # its size is checked against the tensor limit once it is known
                 need += max((math.prod(m.shape) for m in in_metas), default=0) * meta.dtype.itemsize
-            else:
-                need += math.prod(meta.shape) * meta.dtype.itemsize
+                continue
+            nbytes = math.prod(shape) * meta.dtype.itemsize
+            if nbytes > self.limits.max_tensor_bytes:
+                self._check_size(op.name, (meta,))
+            need += nbytes
         if op.scratch is not None:
             need += op.scratch(in_metas, out_metas, attrs)
         return need
@@ -492,14 +535,18 @@ class Session:
 
     def _drop(self, body, frame_segments, replies, segments) -> None:
         (ids,) = body
-        release = self.pool.release
-        for tid in ids:
-            value = self.tensors.pop(tid, None)
-            meta = self.metas.pop(tid, None)
-            if meta is not None:
-                self._give(_nbytes(meta))
-            release(value)
-            del value
+        release, tensors, metas, sizes = self.pool.release, self.tensors, self.metas, self.sizes
+        freed = 0
+        try:
+            for tid in ids:
+                value = tensors.pop(tid, None)
+                metas.pop(tid, None)
+                freed += sizes.pop(tid, 0)
+                release(value)
+                del value
+        finally:  # a malformed id ends the frame; what was dropped before it is given back
+            if freed:
+                self._give(freed)
 
     def _stats(self, body, frame_segments, replies, segments) -> None:
         (rid,) = body
