@@ -269,7 +269,7 @@ def test_the_default_budget_is_three_quarters_of_this_machines_memory(monkeypatc
 
     from ember.remote import session as peer
     total = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
-    assert abs(peer.default_memory() - total * 3 // 4) < total * 0.02  # the kernel keeps a little for itself
+    assert type(peer.default_memory()) is int and abs(peer.default_memory() - total * 3 // 4) < total * 0.02
     assert Budget().limit == peer.default_memory()
 
     def no_sysconf(name):
@@ -387,3 +387,57 @@ def test_a_session_may_fill_its_quota_exactly():
     assert _replies(session, ("put", 1, 0), ("sync", 2), segments=[np.ones(MiB // 8)]) == [("ok", 2)]
     ((_, _, kind, message), _) = _replies(session, ("put", 3, 0), ("get", 4, 3), ("sync", 5), segments=[np.ones(1)])
     assert kind == "ResourceLimitError" and message == "put of tensor 3: " + _quota("put", 8, MiB, quota=MiB)[5:]
+
+
+def test_a_frames_tensors_no_message_keeps_are_given_back_and_reads_follow_writes():
+    session = _open(_host())
+    assert _replies(session, ("sync", 1), segments=[np.ones(MiB // 8)]) == [("ok", 1)]  # a segment no put took
+    assert session.used == 0 and not session._received
+    (first, second), (a, b) = _send(session, ("put", 1, 0), ("get", 2, 1), ("put", 1, 1), ("get", 3, 1),
+                                    segments=[np.zeros(4), np.ones(4)])
+    assert (first, second) == (("data", 2, 0), ("data", 3, 1)) and a.tolist() == [0.0] * 4 and b.tolist() == [1.0] * 4
+    assert session.used == 32
+
+
+def test_the_copies_of_two_tensors_in_one_reply_are_both_counted():
+    session = _open(_host())
+    _replies(session, ("put", 1, 0), ("op", "permute_dims", (1,), (2,), {"axes": (1, 0)}),
+             ("op", "permute_dims", (1,), (3,), {"axes": (1, 0)}), segments=[np.ones((256, 512))])
+    session.handle(Frame({"t": "batch", "m": (("get", 4, 2), ("get", 5, 3))}, []))
+    assert session.replying == 2 * MiB
+
+
+def test_a_multi_output_op_counts_all_its_outputs_and_one_at_the_limit_is_allowed():
+    session = _open(_host(session_bytes=64 * 8 + 64 * 64 * 8 + 64 * 8 + 100))
+    _replies(session, ("put", 1, 0), segments=[np.eye(64)])
+    ((_, _, kind, message),) = _replies(session, ("op", "eigh", (1,), (2, 3), {}), ("get", 4, 2))
+    assert kind == "ResourceLimitError" and message.startswith(f"eigh: {64 * 8 + 64 * 64 * 8} more bytes would exceed")
+    exact = _open(_host(tensor_bytes=65536))
+    _replies(exact, ("put", 1, 0), segments=[np.ones(8192, dtype=bool)])
+    assert _replies(exact, ("op", "nonzero", (1,), (2,), {}), ("shape", 3, (2,))) == [("shapes", 3, ((8192,),))]
+
+
+def test_a_declined_graph_constant_is_named_and_a_graph_may_fill_the_quota_exactly():
+    with em.capture() as cap:
+        a = cap.input((1024,), em.float64, "a")
+        cap.output(a * em.asarray(np.full(1024, 2.0), device=cap.device), "y")
+    graph = cap.graph
+    register = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
+                tuple(op[:4] for op in graph.ops), ((next(iter(graph.constants)), 0),))
+    session = _open(_host(session_bytes=8192))  # exactly the constant
+    assert _replies(session, register, ("sync", 1), segments=list(graph.constants.values())) == [("ok", 1)]
+    assert session.used == 8192
+    session = _open(_host(session_bytes=8191))
+    ((_, _, kind, message), _) = _replies(session, register, ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2),
+                                          ("sync", 4), segments=[*graph.constants.values(), np.ones(1)])
+    assert (kind, message) == ("ResourceLimitError", "graph: constant 1: 8192 more bytes would exceed this session's "
+                                                     "quota of 8191 bytes (0 in use)")
+
+
+def test_credit_is_taken_for_what_is_missing_only():
+    from ember.remote.session import CREDIT
+    host = _host(session_bytes=1 << 40, memory=64 * MiB)
+    session = _open(host)
+    session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [np.ones(MiB // 8)]))
+    session.handle(Frame({"t": "batch", "m": (("put", 2, 0),)}, [np.ones(3 * MiB // 8)]))  # 2 MiB short of credit
+    assert (session.used, session.credit, host.budget.used) == (4 * MiB, CREDIT, 4 * MiB + CREDIT)

@@ -523,3 +523,32 @@ def test_a_dropped_tensor_gives_its_buffer_back_once_nothing_shares_it():
     assert pool.total == 1 << 20
     again = pool.allocate((1 << 18,), np.dtype(np.float32))
     assert _address(again) == address
+
+
+def test_a_host_serves_at_most_its_sessions_and_says_so():
+    host = Host(hosted_devices("numpy"), None, Limits(), max_sessions=2)
+    opened = [host.open(Frame({"t": "init", "v": wire.VERSION}, []))[0] for _ in range(2)]
+    refused, ((reply, _),) = host.open(Frame({"t": "init", "v": wire.VERSION}, []))
+    assert all(opened) and refused is None and reply == {
+        "t": "refuse", "kind": "PeerBusy", "reason": "this peer is full: it serves at most 2 session(s) at once; try again later"}
+    host.close(opened[0])
+    assert host.open(Frame({"t": "init", "v": wire.VERSION}, []))[0] is not None and opened[0] not in host.clients
+
+
+@pytest.mark.parametrize("window, interval", [(4.0, 1.0), (0.1, 0.05), (999_999, 249_999.75), (0, None), (1e6, None),
+                                              (-1, None), ("4", None)])
+def test_a_client_asking_for_keepalives_gets_an_interval_a_quarter_of_its_window(window, interval):
+    session, ((info, _),) = _host().open(Frame({"t": "init", "v": wire.VERSION, "token": TOKEN, "keepalive": window}, []),
+                                         BufferPool())
+    assert info.get("keepalive") == interval
+
+
+def test_a_failing_authorizer_is_logged_with_the_address_and_never_the_token(caplog):
+    def broken(address, token, device):
+        raise KeyError(f"no entry for {token}")
+    host = Host(hosted_devices("numpy"), None, Limits(), authorize=broken)
+    session, _ = host.open(Frame({"t": "init", "v": wire.VERSION, "token": "abcd"}, []), BufferPool(), "10.0.0.7:5000")
+    assert session is None
+    (record,) = [r for r in caplog.records if "authorizer failed" in r.getMessage()]
+    assert record.getMessage().startswith("10.0.0.7:5000: refused: the authorizer failed: Traceback")
+    assert record.getMessage().endswith("KeyError: 'no entry for <token>'") and "abcd" not in caplog.text

@@ -221,7 +221,6 @@ class Session:
         self.ops = 0
         self.used = 0       # bytes counted against the quota: tensors, graph constants, frames in flight, replies
         self.credit = 0     # bytes taken from the budget and not yet used
-        self.receiving = 0  # bytes reserved by allocate() for the frame being received
         self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
         self._received: dict[int, int] = {}  # id of a buffer allocate() gave -> its bytes, until a message keeps it
         self._sent: dict[int, int] = {}      # tensor id -> its segment in the reply being built
@@ -238,7 +237,7 @@ class Session:
         self.sizes.clear()
         self.graphs.clear()
         self.budget.give(self.used + self.credit)
-        self.used = self.credit = self.receiving = self.replying = 0
+        self.used = self.credit = self.replying = 0
 
     def _take(self, what: str, nbytes: int) -> None:
         """Count ``nbytes`` more against the quota and the budget, or refuse naming ``what``."""
@@ -282,12 +281,11 @@ class Session:
         self._received[id(array)] = array.nbytes
         return array
 
-    def _store(self, tid, value, meta: Meta | None, counted: bool = False) -> None:
+    def _store(self, tid, value, meta: Meta | None, counted: bool) -> None:
         """Keep ``value`` as tensor ``tid`` (a Poison has no meta), counting its bytes unless ``counted``."""
         _check_id(tid)
         old = self.sizes.pop(tid, None)
         self.metas.pop(tid, None)
-        self.tensors.pop(tid, None)
         if old is not None:
             self._give(old)
         if self._sent:
@@ -309,7 +307,7 @@ class Session:
     def _poison(self, outputs, kind: str, message: str) -> None:
         poison = Poison(kind, message)
         for tid in outputs:
-            self._store(tid, poison, None)
+            self._store(tid, poison, None, False)
         self.unreported.append(poison)
 
     # -- the frame handler --
@@ -381,7 +379,7 @@ class Session:
             value = tensors.get(ref) if type(ref) is int else None
             if type(value) is Poison:  # the failure travels to everything that depends on it
                 for tid in outputs:
-                    self._store(tid, value, None)
+                    self._store(tid, value, None, False)
             else:
                 self._poison(outputs, "ExecutionError", f"{name}: unknown tensor id {ref!r} (dropped, or from another session)")
             return
@@ -457,7 +455,7 @@ class Session:
         for meta in out_metas:
             shape = meta.shape
             if None in shape:  # its size is checked against the tensor limit once it is known
-                need += max((math.prod(m.shape) for m in in_metas), default=0) * meta.dtype.itemsize
+                need += max(math.prod(m.shape) for m in in_metas) * meta.dtype.itemsize  # such ops have inputs
                 continue
             nbytes = math.prod(shape) * meta.dtype.itemsize
             if nbytes > self.limits.max_tensor_bytes:
@@ -471,7 +469,7 @@ class Session:
         tid, index = body
         host = frame_segments[index]
         if host is None:  # declined while it was received: the quota or the budget had no room
-            self._poison((tid,), "ResourceLimitError", f"put of tensor {tid}: {self._reason(frame_segments, index)}")
+            self._poison((tid,), "ResourceLimitError", f"put of tensor {tid}: {self._reason(index)}")
             return
         _check_id(tid)  # before its buffer's reservation passes to the tensor
         counted = self._received.pop(id(host), None) is not None
@@ -481,9 +479,9 @@ class Session:
             frame_segments[index] = None
             self.pool.release(host)
 
-    def _reason(self, segments: list, index: int) -> str:
+    def _reason(self, index: int) -> str:
         """Why segment ``index`` of the frame being handled was declined."""
-        return self._reasons.get(index, "it was not kept")
+        return self._reasons.get(index, "declined")
 
     def _read(self, tid, rid, replies) -> object | None:
         value = self.tensors.get(tid) if isinstance(tid, int) else None
@@ -566,7 +564,7 @@ class Session:
             for tid, index in constants:
                 host = frame_segments[index]
                 if host is None:
-                    raise ResourceLimitError(f"constant {tid}: {self._reason(frame_segments, index)}")
+                    raise ResourceLimitError(f"constant {tid}: {self._reason(index)}")
                 meta = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
                 if self._received.pop(id(host), None) is None:
                     self._take(f"constant {tid}", host.nbytes)
@@ -598,7 +596,7 @@ class Session:
         inputs, outputs, plan, out_metas, error, _, need = graph
         if error is not None:
             for tid in output_ids:
-                self._store(tid, error, None)
+                self._store(tid, error, None, False)
             self.unreported.append(error)
             return
         if len(input_ids) != len(inputs) or len(output_ids) != len(outputs):
@@ -614,7 +612,7 @@ class Session:
                 return
             if type(value) is Poison:  # the failure travels on, reported once
                 for out in output_ids:
-                    self._store(out, value, None)
+                    self._store(out, value, None, False)
                 return
             if self.metas[tid] != meta:
                 self._poison(output_ids, "ShapeError", f"run: input {node} expects {meta.shape} {meta.dtype}, "
