@@ -21,7 +21,7 @@ def load_graph(path) -> CapturedGraph:
     data = Path(path).read_bytes()
     # nothing in a file can be larger than the file: a header claiming more is refused before anything is allocated
     size = len(data)
-    reader = wire.FrameReader(wire.Limits(max_header_bytes=size, max_tensor_bytes=size, max_frame_bytes=size))
+    reader = wire.FrameReader(wire.Limits(max_header_bytes=size, max_frame_bytes=size))  # a tensor is within its frame
     try:
         frames = reader.feed(data)
     except (ProtocolError, EmberError) as error:
