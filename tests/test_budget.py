@@ -441,3 +441,34 @@ def test_credit_is_taken_for_what_is_missing_only():
     session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [np.ones(MiB // 8)]))
     session.handle(Frame({"t": "batch", "m": (("put", 2, 0),)}, [np.ones(3 * MiB // 8)]))  # 2 MiB short of credit
     assert (session.used, session.credit, host.budget.used) == (4 * MiB, CREDIT, 4 * MiB + CREDIT)
+
+
+def test_outputs_written_over_live_tensors_give_their_bytes_back_whichever_path_stores_them():
+    session = _open(_host())
+    _replies(session, ("put", 1, 0), ("put", 0, 1), ("put", 5, 2), segments=[np.eye(4), np.ones(8), np.ones(16)])
+    _replies(session, ("op", "negative", (1,), (5,), {}))          # one known output over a live tensor
+    _replies(session, ("op", "eigh", (1,), (5, 0), {}))             # two outputs over live tensors
+    mask = np.array([True, False, True])
+    _replies(session, ("put", 7, 0), ("op", "nonzero", (7,), (0,), {}), segments=[mask])  # a data-dependent one at id 0
+    assert session.used == session.live_bytes() == 128 + 4 * 8 + 3 + 2 * 8
+    assert session.metas[5].shape == (4,) and session.metas[0].shape == (2,)
+
+
+def test_a_put_after_a_read_of_another_tensor_in_the_same_batch():
+    session = _open(_host())
+    assert _replies(session, ("put", 1, 0), ("get", 2, 1), ("put", 3, 1), ("get", 4, 3), segments=[np.ones(2), np.zeros(3)]) \
+        == [("data", 2, 0), ("data", 4, 1)]
+
+
+def test_a_graph_constant_that_arrived_already_received_is_counted_and_refused_past_the_quota():
+    with em.capture() as cap:
+        a = cap.input((1024,), em.float64, "a")
+        cap.output(a * em.asarray(np.full(1024, 2.0), device=cap.device), "y")
+    graph = cap.graph
+    register = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
+                tuple(op[:4] for op in graph.ops), ((next(iter(graph.constants)), 0),))
+    session = _open(_host(session_bytes=8191))
+    replies = session.handle(Frame({"t": "batch", "m": (register, ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2))},
+                                   [*graph.constants.values(), np.ones(1)]))
+    assert replies[0][0]["m"] == [("error", 3, "ResourceLimitError", "graph: constant 1: 8192 more bytes would exceed "
+                                                                      "this session's quota of 8191 bytes (0 in use)")]

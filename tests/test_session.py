@@ -550,5 +550,6 @@ def test_a_failing_authorizer_is_logged_with_the_address_and_never_the_token(cap
     session, _ = host.open(Frame({"t": "init", "v": wire.VERSION, "token": "abcd"}, []), BufferPool(), "10.0.0.7:5000")
     assert session is None
     (record,) = [r for r in caplog.records if "authorizer failed" in r.getMessage()]
-    assert record.getMessage().startswith("10.0.0.7:5000: refused: the authorizer failed: Traceback")
+    assert record.getMessage().startswith("10.0.0.7:5000: refused: the authorizer failed: Traceback (most recent call "
+                                          "last):\n  File ")
     assert record.getMessage().endswith("KeyError: 'no entry for <token>'") and "abcd" not in caplog.text
