@@ -274,3 +274,35 @@ def test_waits_never_pass_a_deadline():
     with pytest.raises(TimedOut, match="the deadline passed"):
         wait_limit(30, time.monotonic() - 0.001)
     assert issubclass(TimedOut, errors.ConnectionLost)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_declined_segment_is_read_and_dropped_and_the_next_frame_follows(whole):
+    big = np.arange(300_000, dtype=np.float64)  # 2.4 MB: read through the scratch buffer in 1 MiB pieces
+    kept = np.arange(5, dtype=np.int16)
+    data = _bytes({"t": "x"}, [big, kept]) + _bytes({"t": "y"}, [kept])
+
+    def allocate(shape, dtype):  # declines the large one, as a peer over its budget does
+        return None if shape == big.shape else np.empty(shape, dtype)
+
+    reader = FrameReader(allocate=allocate)
+    frames = reader.feed(data) if whole else [f for k in range(0, len(data), 4096) for f in reader.feed(data[k:k + 4096])]
+    (first, second) = frames
+    assert first.header == {"t": "x", "seg": (("float64", (300_000,)), ("int16", (5,)))} and first.segments[0] is None
+    np.testing.assert_array_equal(first.segments[1], kept)
+    assert second.header["t"] == "y" and np.array_equal(second.segments[0], kept)
+    assert reader.buffer().nbytes == PREFIX_SIZE  # nothing left over
+
+
+def test_an_empty_segment_whose_other_extents_exceed_the_tensor_limit_is_refused():
+    body = wire.pack({"seg": (("float64", (0, 2**30)),)})  # 0 bytes, yet 8 GiB per row: NumPy would refuse it later
+    with pytest.raises(errors.ProtocolError, match=r"^bad segment shape \(0, 1073741824\): empty, but its other extents "
+                                                   r"exceed the tensor limit$"):
+        FrameReader().feed(_prefix(len(body), 0) + body)
+
+
+def test_an_allocation_that_fails_is_a_protocol_error_naming_the_shape():
+    def allocate(shape, dtype):
+        raise MemoryError("out of memory")
+    with pytest.raises(errors.ProtocolError, match=r"^cannot allocate a tensor of shape \(4,\): out of memory$"):
+        FrameReader(allocate=allocate).feed(_bytes({}, [np.zeros(4)]))
