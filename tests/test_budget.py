@@ -472,3 +472,32 @@ def test_a_graph_constant_that_arrived_already_received_is_counted_and_refused_p
                                    [*graph.constants.values(), np.ones(1)]))
     assert replies[0][0]["m"] == [("error", 3, "ResourceLimitError", "graph: constant 1: 8192 more bytes would exceed "
                                                                       "this session's quota of 8191 bytes (0 in use)")]
+
+
+def test_credit_at_its_edges():
+    from ember.remote.session import CREDIT
+    host = _host(session_bytes=1 << 40, memory=64 * MiB)
+    session = _open(host)
+    for k in range(2):  # the second is exactly the credit left: it takes nothing more from the budget
+        session.handle(Frame({"t": "batch", "m": (("put", k, 0),)}, [np.ones(MiB // 8)]))
+    assert (session.used, session.credit, host.budget.used) == (2 * MiB, 0, 2 * MiB)
+    tight = _host(session_bytes=1 << 40, memory=5 * MiB // 2)
+    lean = _open(tight)
+    for k, size in enumerate((MiB, MiB, MiB // 2)):  # the last finds no room for a credit beside it
+        lean.handle(Frame({"t": "batch", "m": (("put", k, 0),)}, [np.ones(size // 8)]))
+    assert (lean.used, lean.credit, tight.budget.used) == (5 * MiB // 2, 0, 5 * MiB // 2)
+    lean.handle(Frame({"t": "batch", "m": (("drop", (0, 1, 2)),)}, []))  # 2.5 MiB back: more than 2 credits, one kept
+    assert (lean.used, lean.credit, tight.budget.used) == (0, CREDIT, CREDIT)
+
+
+def test_a_graph_run_may_fill_the_quota_exactly():
+    with em.capture() as cap:
+        a = cap.input((1024,), em.float64, "a")
+        cap.output(a * 2.0, "y")
+    graph = cap.graph
+    register = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
+                tuple(op[:4] for op in graph.ops), ())
+    session = _open(_host(session_bytes=2 * 8192))  # the input, and the run's one intermediate and output
+    assert _replies(session, register, ("put", 1, 0), ("run", 7, (1,), (2,)), ("sync", 3), segments=[np.ones(1024)]) \
+        == [("ok", 3)]
+    assert session.used == 2 * 8192 and session.metas[2].shape == (1024,)
