@@ -358,8 +358,18 @@ def test_a_released_buffer_is_kept_only_if_the_budget_has_room_without_evicting(
     pool = BufferPool(minimum=1024, budget=budget)
     pool.release(pool.allocate((2 * MiB,), np.dtype(np.uint8)))
     assert pool.total == 2 * MiB and budget.used == 2 * MiB
-    pool.release(np.empty(2 * MiB, np.uint8)[:])  # no room for both: the second is let go, the first stays
-    assert pool.total == 2 * MiB and budget.used == 2 * MiB and len(pool.free[2 * MiB]) == 1
+    pool.release(np.empty(3 * MiB // 2, np.uint8)[:])  # no room for both: the second is let go, the first stays
+    assert pool.total == 2 * MiB and budget.used == 2 * MiB and list(pool.free) == [2 * MiB]
+
+
+def test_a_pool_gives_up_no_more_than_the_shortfall():
+    from ember.remote.session import BufferPool
+    budget = Budget(6 * MiB)
+    pool = BufferPool(minimum=1024, budget=budget)
+    for n in (MiB, 2 * MiB, 2 * MiB):
+        pool.release(np.empty(n, np.uint8)[:])  # a view of a fresh 1-d byte buffer: kept
+    assert pool.total == 5 * MiB and budget.take(3 * MiB)  # exactly 2 MiB short: one 2 MiB buffer covers it; the others stay
+    assert sorted(pool.free) == [MiB, 2 * MiB] and len(pool.free[2 * MiB]) == 1 and budget.used == 6 * MiB
 
 
 def test_a_session_keeps_a_little_credit_of_the_budget_and_gives_back_the_rest():
