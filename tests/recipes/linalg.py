@@ -85,7 +85,7 @@ def _cross_examples(g):
 def _vector_norm_examples(g):
     shape = g.shape(min_side=1)
     axes = None if not shape or g.flag() else (g.integer(0, len(shape) - 1),)
-    ord_ = g.choice([2, 1, 0, float("inf"), 3])
+    ord_ = g.choice([2, 1, 0, float("inf"), float("-inf"), 3])
     return (g.array(shape, g.dtype("floating")),), {"axis": axes, "keepdims": g.flag(), "ord": ord_}
 
 
