@@ -22,6 +22,8 @@ from ember.remote.session import Budget, Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, FrameReader, Limits
 
+from .traffic import register_message
+
 MiB = 1 << 20
 
 
@@ -148,8 +150,7 @@ def test_a_graph_counts_its_constants_while_registered_and_its_intermediates_whi
         cap.output(em.sum(big * a), "y")
     graph = cap.graph
     session = _open(_host(session_bytes=24 * MiB))
-    message = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
-               tuple(op[:4] for op in graph.ops), tuple((i, k) for k, i in enumerate(graph.constants)))
+    message = register_message(7, graph)
     _replies(session, message, ("put", 1, 1), segments=[*graph.constants.values(), np.ones(1024)])
     assert session.used == 8 * MiB + 8192
     (data,), segments = _send(session, ("run", 7, (1,), (2,)), ("get", 3, 2))
@@ -321,8 +322,7 @@ def test_a_graphs_constants_count_while_it_is_registered_and_a_refused_graph_kee
                                 padding=1), "y")
     graph = cap.graph
     session = _open(_host())
-    register = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
-                tuple(op[:4] for op in graph.ops), tuple((i, k) for k, i in enumerate(graph.constants)))
+    register = register_message(7, graph)
     constants = list(graph.constants.values())
     (data,), (y,) = _send(session, register, ("put", 1, len(constants)), ("run", 7, (1,), (2,)), ("get", 3, 2),
                           segments=[*constants, np.arange(16.0)])
@@ -427,13 +427,17 @@ def test_a_multi_output_op_counts_all_its_outputs_and_one_at_the_limit_is_allowe
     assert _replies(exact, ("op", "nonzero", (1,), (2,), {}), ("shape", 3, (2,))) == [("shapes", 3, ((8192,),))]
 
 
-def test_a_declined_graph_constant_is_named_and_a_graph_may_fill_the_quota_exactly():
+def _doubling():
+    """y = a · c for a (1024,) float64 input and an 8 KiB constant c."""
     with em.capture() as cap:
         a = cap.input((1024,), em.float64, "a")
         cap.output(a * em.asarray(np.full(1024, 2.0), device=cap.device), "y")
-    graph = cap.graph
-    register = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
-                tuple(op[:4] for op in graph.ops), ((next(iter(graph.constants)), 0),))
+    return cap.graph
+
+
+def test_a_declined_graph_constant_is_named_and_a_graph_may_fill_the_quota_exactly():
+    graph = _doubling()
+    register = register_message(7, graph)
     session = _open(_host(session_bytes=8192))  # exactly the constant
     assert _replies(session, register, ("sync", 1), segments=list(graph.constants.values())) == [("ok", 1)]
     assert session.used == 8192
@@ -471,12 +475,8 @@ def test_a_put_after_a_read_of_another_tensor_in_the_same_batch():
 
 
 def test_a_graph_constant_that_arrived_already_received_is_counted_and_refused_past_the_quota():
-    with em.capture() as cap:
-        a = cap.input((1024,), em.float64, "a")
-        cap.output(a * em.asarray(np.full(1024, 2.0), device=cap.device), "y")
-    graph = cap.graph
-    register = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
-                tuple(op[:4] for op in graph.ops), ((next(iter(graph.constants)), 0),))
+    graph = _doubling()
+    register = register_message(7, graph)
     session = _open(_host(session_bytes=8191))
     replies = session.handle(Frame({"t": "batch", "m": (register, ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2))},
                                    [*graph.constants.values(), np.ones(1)]))
@@ -505,8 +505,7 @@ def test_a_graph_run_may_fill_the_quota_exactly():
         a = cap.input((1024,), em.float64, "a")
         cap.output(a * 2.0, "y")
     graph = cap.graph
-    register = ("graph", 7, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
-                tuple(op[:4] for op in graph.ops), ())
+    register = register_message(7, graph)
     session = _open(_host(session_bytes=2 * 8192))  # the input, and the run's one intermediate and output
     assert _replies(session, register, ("put", 1, 0), ("run", 7, (1,), (2,)), ("sync", 3), segments=[np.ones(1024)]) \
         == [("ok", 3)]

@@ -24,6 +24,7 @@ from ember.wire import tcp, websocket
 
 from .conftest import REMOTE_SCHEMES
 from .peers import Peer
+from .traffic import register_message
 
 
 def free_port() -> int:
@@ -456,12 +457,6 @@ def test_the_tensor_limit_through_the_client(small_peer):
     np.testing.assert_array_equal(em.asnumpy(exact + 1), np.arange(LIMIT, dtype=np.uint8) + 1)  # the session lives on
 
 
-def _register(gid: int, graph) -> tuple:
-    """The message registering ``graph`` (without constants) as graph ``gid``, as the client builds it."""
-    return ("graph", gid, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs), tuple(i for _, i in graph.outputs),
-            tuple((op.name, op.inputs, op.outputs, op.attrs) for op in graph.ops), ())
-
-
 def test_a_registered_graph_refuses_runs_that_do_not_fit_it(peer):
     with em.capture() as cap:
         a, b = cap.input((2, 3), em.float64, "a"), cap.input((3,), em.float64, "b")
@@ -480,7 +475,7 @@ def test_a_registered_graph_refuses_runs_that_do_not_fit_it(peer):
     ]
     with RawSession(peer.address) as session, RawSession(peer.address) as other:
         assert other.batch(("put", 42, 0), ("sync", 1), segments=[np.ones((2, 3))]).header["m"] == (("ok", 1),)
-        ready = session.batch(_register(7, cap.graph), *(("put", i, k) for k, i in enumerate(tensors)), ("drop", (5,)),
+        ready = session.batch(register_message(7, cap.graph), *(("put", i, k) for k, i in enumerate(tensors)), ("drop", (5,)),
                               ("sync", 1), segments=list(tensors.values()))
         assert ready.header["m"] == (("ok", 1),)
         for run, kind, message in runs:

@@ -18,6 +18,8 @@ from ember.remote.session import BufferPool, Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
+from .traffic import register_message
+
 TOKEN = "s3cret"
 HOSTS = "this peer hosts 1 device(s) (numpy)"
 
@@ -205,17 +207,10 @@ def _captured():
     return cap.graph
 
 
-def _register(gid, graph, ops=None, outputs=None) -> tuple:
-    """The message registering ``graph`` as ``gid`` (its constants as segments 0…), as the client builds it."""
-    return ("graph", gid, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs),
-            tuple(i for _, i in graph.outputs) if outputs is None else outputs,
-            tuple(op[:4] for op in graph.ops) if ops is None else ops, tuple((i, k) for k, i in enumerate(graph.constants)))
-
-
 def test_a_registered_graph_runs_with_its_constants_and_counts_its_ops():
     graph, session = _captured(), _open(_host())
     a = np.array([[2.0, 0.0], [0.0, 4.0]])
-    replies = _batch(session, _register(7, graph), ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2),
+    replies = _batch(session, register_message(7, graph), ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2),
                      ("run", 7, (1,), (4,)), ("stats", 5), segments=[*graph.constants.values(), a])
     ((header, (y,)),) = replies
     np.testing.assert_array_equal(y, np.linalg.inv(a) + [1.0, 2.0])
@@ -248,7 +243,7 @@ def test_a_registered_graph_runs_with_its_constants_and_counts_its_ops():
 def test_a_run_that_does_not_fit_its_graph_poisons_only_its_outputs(run, kind, message):
     graph, session = _captured(), _open(_host())
     tensors = {1: np.eye(2), 3: np.eye(3), 4: np.eye(2, dtype=np.float32), 5: np.eye(2)}
-    _batch(session, _register(7, graph), *(("put", i, k + 1) for k, i in enumerate(tensors)), ("drop", (5,)),
+    _batch(session, register_message(7, graph), *(("put", i, k + 1) for k, i in enumerate(tensors)), ("drop", (5,)),
            ("op", "no_such_op", (1,), (6,), {}), ("sync", 0), segments=[*graph.constants.values(), *tensors.values()])
     # the run's own error is reported by the next sync; a failed input's was reported already (sync 0)
     synced = ("ok", 30) if run[1] == (6,) else ("error", 30, kind, message)
@@ -286,7 +281,7 @@ INV, ADD = ("inv", (0,), (1,), {}), ("add", (1, 2), (3,), {})  # _captured()'s r
 ])
 def test_a_graph_the_table_refuses_is_refused_at_every_run_and_the_session_serves_on(ops, outputs, kind, message):
     graph, session = _captured(), _open(_host())
-    _batch(session, _register(7, graph, ops, outputs), _register(8, graph), ("put", 1, 1),
+    _batch(session, register_message(7, graph, ops, outputs), register_message(8, graph), ("put", 1, 1),
            segments=[*graph.constants.values(), np.eye(2)])
     assert 7 in session.graphs  # refused graphs are kept with their error, so each run reports it
     for rid in (10, 20):
@@ -444,7 +439,7 @@ def test_a_graph_whose_kernel_raises_an_ember_error_keeps_its_kind():
         x, i = cap.input((3,), em.float64, "x"), cap.input((2,), em.int64, "i")
         cap.output(em.take(x, i), "y")
     graph, session = cap.graph, _open(_host())
-    _batch(session, _register(7, graph), ("put", 1, 0), ("put", 2, 1), ("run", 7, (1, 2), (3,)),
+    _batch(session, register_message(7, graph), ("put", 1, 0), ("put", 2, 1), ("run", 7, (1, 2), (3,)),
            segments=[np.arange(3.0), np.array([0, 5])])
     ((kind, rid, error, message),) = _replies(_batch(session, ("get", 4, 3)))
     assert (kind, rid, error) == ("error", 4, "IndexingError") and message.startswith("take: ")

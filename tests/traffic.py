@@ -12,6 +12,14 @@ from ember.wire import protocol as wire
 from ember.wire.protocol import FrameReader
 
 
+def register_message(gid: int, graph, ops=None, outputs=None) -> tuple:
+    """The message registering ``graph`` as graph ``gid``, as the client builds it (its constants
+    as segments 0…); ``ops`` and ``outputs`` replace the graph's own, to craft bad ones."""
+    return ("graph", gid, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs),
+            tuple(i for _, i in graph.outputs) if outputs is None else outputs,
+            tuple(op[:4] for op in graph.ops) if ops is None else ops, tuple((i, k) for k, i in enumerate(graph.constants)))
+
+
 def record_traffic() -> list[bytes]:
     """The bytes of every frame a client sent an in-process peer on 127.0.0.1 after its handshake,
     for a small job: uploads, elementwise and linear-algebra ops, reads, a jitted function

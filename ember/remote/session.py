@@ -183,7 +183,7 @@ class Poison:
 
 
 def _check_id(tid) -> None:
-    if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+    if type(tid) is not int or tid < 0:  # the spelling the op path uses inline (bool is no id)
         raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
 
 
