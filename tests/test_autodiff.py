@@ -7,14 +7,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hypothesis import Phase, assume, find, given, settings
+from hypothesis import Phase, assume, find, given, reject, settings
 from hypothesis import strategies as st
 
 import ember as em
 from ember import dtypes as dt
 from ember.array import bind
 from ember.backends.numpy import EMBER
-from ember.errors import DTypeError
+from ember.errors import DTypeError, EmberError
 from ember.ops import NO_GRADIENT, OPS
 from ember.ops.gradients import NotDifferentiable
 from ember.ops.table import Meta
@@ -22,10 +22,13 @@ from ember.ops.table import Meta
 from .conftest import torch_available
 from .generators import Drawer
 from .peers import Peer
-from .recipes import EXAMPLES
+from .recipes import EXAMPLES, branches
 
 DIFFERENTIABLE = sorted(name for name, op in OPS.items()
                         if EXAMPLES.get(name) and callable(op.grad) and not isinstance(op.grad, NotDifferentiable) and op.inputs)
+# each row once per branch of its rules that an attribute selects (every norm's ord), so each branch is reached
+CASES = [pytest.param(name, pin, id=f"{name}-{'-'.join(f'{k}={v}' for k, v in pin.items())}" if pin else name)
+         for name in DIFFERENTIABLE for pin in branches(name)]
 FLOAT64_ONLY = (dt.float64, dt.int64, dt.bool_)
 
 
@@ -34,17 +37,24 @@ def test_every_row_has_a_gradient_rule_or_says_why_not():
         assert op.grad is NO_GRADIENT or isinstance(op.grad, NotDifferentiable) or callable(op.grad), name
 
 
-def _example(name, data):
+def _example(name, data, pin=None):
     op = OPS[name]
     drawer = Drawer(data, (dt.float64,), distinct=True)
     arrays, attrs = EXAMPLES[name](drawer)
-    attrs = {**op.attrs, **attrs}
+    attrs = {**op.attrs, **attrs, **(pin or {})}
+    if pin:  # the recipe drew for its own choice of the pinned values: keep the examples the pins allow
+        try:
+            op.infer(tuple(Meta(a.shape, EMBER[a.dtype]) for a in arrays), attrs)
+        except EmberError:
+            reject()
     wrt = [i for i, a in enumerate(arrays) if a.dtype == np.float64]
     assume(wrt)
     values = np.sort(np.concatenate([a.ravel() for a in arrays if a.dtype == np.float64]))
     # no ties or near-ties, within or across inputs: max and maximum have kinks there, which a finite difference
     # straddles (a symmetric input's mirrored entries are ties by design, and those rows have no such kinks)
     assume(op.symmetric_input or values.size < 2 or np.min(np.diff(values)) > 1e-3)
+    moduli = np.sort(np.abs(values))  # nor of moduli: norms and abs-maxima have kinks where |a| = |b|
+    assume(op.symmetric_input or moduli.size < 2 or np.min(np.diff(moduli)) > 1e-3)
     if op.symmetric_input:  # eigenvalues are not separately differentiable where two coincide (eigh, eigvalsh)
         for a in arrays:
             if a.ndim >= 2 and a.shape[-1] >= 2:
@@ -54,12 +64,13 @@ def _example(name, data):
 
 
 def _loss_function(op, arrays, attrs, wrt, device):
-    """sum(out_k · w_k) over the outputs fixed by the inputs: a scalar with a rich gradient."""
+    """sum(out_k · w_k) over the outputs fixed by the inputs (over |out_k|² where they are fixed only up to a unit
+    factor per vector, like eigenvectors): a scalar with a rich gradient."""
     rng = np.random.default_rng(1)
     sample = bind(op, tuple(em.asarray(a) for a in arrays), attrs)
     outs = sample if isinstance(sample, tuple) else (sample,)
     determined = range(len(outs)) if op.determined is None else op.determined
-    chosen = [k for k in determined if outs[k].dtype in (em.float64, em.complex128)]
+    chosen = [k for k in (*determined, *op.unit_free) if outs[k].dtype in (em.float64, em.complex128)]
     weights = {k: em.asarray(rng.standard_normal(outs[k].shape), device=device) for k in chosen}
     imaginary = {k: em.asarray(rng.standard_normal(outs[k].shape), device=device) for k in chosen}
     fixed = {i: em.asarray(a, device=device) for i, a in enumerate(arrays) if i not in wrt}
@@ -70,7 +81,9 @@ def _loss_function(op, arrays, attrs, wrt, device):
         out = out if isinstance(out, tuple) else (out,)
         total = em.zeros((), device=device)
         for k in chosen:  # a complex output counts by its real and imaginary parts
-            if out[k].dtype == em.complex128:
+            if k in op.unit_free:
+                total = total + em.sum(em.real(out[k] * em.conj(out[k])) * weights[k])
+            elif out[k].dtype == em.complex128:
                 total = total + em.sum(em.real(out[k]) * weights[k]) + em.sum(em.imag(out[k]) * imaginary[k])
             else:
                 total = total + em.sum(out[k] * weights[k])
@@ -116,10 +129,10 @@ def _assert_close(name, op, wrt, analytic, numeric, atol):
         np.testing.assert_allclose(a, n, rtol=1e-6, atol=atol, err_msg=f"{name}: d/d input {wrt[k]}")
 
 
-@pytest.mark.parametrize("name", DIFFERENTIABLE)
+@pytest.mark.parametrize(("name", "pin"), CASES)
 @given(data=st.data())
-def test_gradient_matches_finite_differences(name, data):
-    op, arrays, attrs, wrt = _example(name, data)
+def test_gradient_matches_finite_differences(name, pin, data):
+    op, arrays, attrs, wrt = _example(name, data, pin)
     loss, differentiable = _loss_function(op, arrays, attrs, wrt, "numpy")
     assume(differentiable)
     _assert_close(name, op, wrt, *_gradients(loss, [arrays[i] for i in wrt]))
@@ -144,6 +157,7 @@ def _takes_complex(name) -> bool:
 
 
 COMPLEX = [name for name in DIFFERENTIABLE if _takes_complex(name)]
+COMPLEX_CASES = [case for case in CASES if case.values[0] in COMPLEX]
 
 
 def test_complex_rows_are_those_whose_meta_rules_take_complex():
@@ -151,26 +165,54 @@ def test_complex_rows_are_those_whose_meta_rules_take_complex():
     assert not {"maximum", "relu", "rfft", "sort", "std"} & set(COMPLEX)
 
 
-@pytest.mark.parametrize("name", COMPLEX)
+@pytest.mark.parametrize(("name", "pin"), COMPLEX_CASES)
 @pytest.mark.filterwarnings("ignore:Casting complex values to real:numpy.exceptions.ComplexWarning")  # astype to float64
 @given(data=st.data())
-def test_complex_gradient_matches_finite_differences(name, data):
+def test_complex_gradient_matches_finite_differences(name, pin, data):
     """In PyTorch's convention (ember's too) a real loss L of complex z has the gradient dL/dRe z + i·dL/dIm z. ember
     differentiates real arrays, so each complex input is z = x + iy and (dL/dx, dL/dy) are read as that gradient;
     the loss is sum Re(conj(c)·out) with a complex cotangent c per output, perturbed along x and y."""
-    op, arrays, attrs, wrt = _example(name, data)
+    op, arrays, attrs, wrt = _example(name, data, pin)
     drawer = Drawer(data, (dt.float64,), distinct=True)
     # imaginary parts in [-1, 1] and at least 1e-2 from 0: off the branch cuts and poles on the real axis (log,
     # sqrt, atanh, tan ...), and small enough to keep the recipes' matrices well conditioned (or Hermitian
     # positive definite, read from one triangle)
     imaginary = {i: drawer.array(arrays[i].shape, dt.float64, low=-1, high=1) for i in wrt}
     complex_arrays = [a + 1j * imaginary[i] if i in wrt else a for i, a in enumerate(arrays)]
+    # no near-ties of complex moduli either
+    moduli = np.sort(np.concatenate([np.abs(complex_arrays[i]).ravel() for i in wrt]))
+    assume(op.symmetric_input or moduli.size < 2 or np.min(np.diff(moduli)) > 1e-3)
     loss, differentiable = _loss_function(op, complex_arrays, attrs, wrt, "numpy")
     assume(differentiable)
     hosts = [part for i in wrt for part in (arrays[i], imaginary[i])]
     analytic, numeric, atol = _gradients(lambda *parts: loss(*(x + y * 1j for x, y in zip(parts[::2], parts[1::2]))), hosts)
     pairs = [[re + 1j * im for re, im in zip(g[::2], g[1::2])] for g in (analytic, numeric)]
     _assert_close(name, op, wrt, *pairs, atol)
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+@given(data=st.data())
+def test_a_gradient_has_its_inputs_shape_and_dtype(name, data):
+    """Like PyTorch's: a float32 input gets a float32 gradient, whatever dtypes the rule computed in between."""
+    op = OPS[name]
+    arrays, attrs = EXAMPLES[name](Drawer(data, (dt.float32, dt.int64, dt.bool_)))
+    wrt = [i for i, a in enumerate(arrays) if a.dtype == np.float32]
+    assume(wrt)
+    attrs = {**op.attrs, **attrs}
+    device = em.autodiff("numpy")
+    inputs = [em.asarray(a, device=device) for a in arrays]
+    for i in wrt:
+        inputs[i].requires_grad_()
+    out = bind(op, tuple(inputs), attrs)
+    outs = out if isinstance(out, tuple) else (out,)
+    determined = range(len(outs)) if op.determined is None else op.determined
+    floating = [em.real(outs[k]) if dt.isdtype(outs[k].dtype, "complex floating") else outs[k]
+                for k in determined if dt.isdtype(outs[k].dtype, ("real floating", "complex floating"))]
+    assume(floating)
+    sum(em.sum(o) for o in floating).backward()
+    for i in wrt:
+        grad = inputs[i].grad
+        assert grad is None or (grad.shape, grad.dtype) == (inputs[i].shape, em.float32), f"{name}: d/d input {i}"
 
 
 @pytest.mark.skipif(not torch_available(), reason="torch is not installed")
@@ -225,6 +267,10 @@ def test_gradient_through_non_differentiable_ops_says_so():
         em.sum(em.asarray([1.0], device=em.autodiff("numpy"))).backward()
     with pytest.raises(NotImplementedError, match="qr: gradients are not implemented"):
         em.sum(em.linalg.qr(em.reshape(x, (3, 1)))[1]).backward()
+    for output in (0, 2):  # U alone, Vh alone
+        message = r"^backward: svd: gradients through U and Vh are not supported; use svdvals for S$"
+        with pytest.raises(NotImplementedError, match=message):
+            em.sum(em.linalg.svd(em.reshape(x, (3, 1)))[output]).backward()
     with pytest.raises(em.EmberError, match="pass a gradient for a non-scalar output"):
         (x * 2).backward()
 

@@ -16,16 +16,17 @@ from hypothesis import strategies as st
 import ember as em
 from ember import dtypes as dt
 from ember.array import bind
-from ember.errors import EmberError
+from ember.errors import DTypeError, EmberError, ShapeError
 from ember.ops import OPS
-from ember.ops.table import REQUIRED
+from ember.ops.table import REQUIRED, fmt_shape
 
 from .conftest import LOCAL_DEVICES, REMOTE_SCHEMES, torch_available
 from .generators import Drawer
-from .recipes import BAD_EXAMPLES, EXAMPLES
+from .recipes import BAD_EXAMPLES, EXAMPLES, bad_recipes
 
 WITH_EXAMPLES = sorted(name for name in OPS if EXAMPLES.get(name))
-WITH_BAD_EXAMPLES = sorted(name for name in OPS if BAD_EXAMPLES.get(name))
+# a row may list several bad recipes, one per refusal its rules make
+BAD_CASES = [(name, k) for name in sorted(OPS) if BAD_EXAMPLES.get(name) for k in range(len(bad_recipes(name)))]
 TESTED_BY_HAND = {"setitem": "tests/test_indexing.py compares x[key] = v with NumPy"}
 
 
@@ -111,16 +112,33 @@ def test_numpy_and_torch_agree(name, data):
         np.testing.assert_allclose(a, e, equal_nan=True, **tolerance, err_msg=f"{name} output {i}")
 
 
+def _names_the_offender(message: str, arrays, attrs, error) -> bool:
+    """Whether a refusal's message names what it refuses: every input's shape for a shape error, an input's
+    dtype (or the offending value) for a dtype error, the offending value for any other."""
+    shapes = [fmt_shape(a.shape) for a in arrays]
+    dtypes = [dt.FROM_NUMPY[a.dtype].name for a in arrays]
+    values = [text for value in attrs.values() if value is not None
+              for item in (value, *(value if isinstance(value, (tuple, list)) else ()))
+              for text in {str(item), repr(item)}]
+    if isinstance(error, ShapeError):
+        return all(shape in message for shape in shapes)
+    if isinstance(error, DTypeError):
+        return any(name in message for name in dtypes + values)
+    return any(value in message for value in values)
+
+
 @pytest.mark.parametrize("device_name", LOCAL_DEVICES)
-@pytest.mark.parametrize("name", WITH_BAD_EXAMPLES)
+@pytest.mark.parametrize(("name", "case"), BAD_CASES)
 @given(data=st.data())
-def test_bad_inputs_raise_typed_errors(name, device_name, data):
+def test_bad_inputs_raise_typed_errors(name, case, device_name, data):
     op, device = OPS[name], em.device(device_name)
-    arrays, attrs, expected = BAD_EXAMPLES[name](Drawer(data, supported_dtypes(device)))
+    arrays, attrs, expected = bad_recipes(name)[case](Drawer(data, supported_dtypes(device)))
     with pytest.raises(expected) as info:
         run(op, device, arrays, attrs)
     assert isinstance(info.value, EmberError), f"{name} raised a raw {type(info.value).__name__}: {info.value}"
-    assert str(info.value).startswith(f"{name}:"), f"the message does not name the op: {info.value}"
+    message = str(info.value)
+    assert message.startswith(f"{name}:"), f"the message does not name the op: {info.value}"
+    assert _names_the_offender(message, arrays, attrs, info.value), f"the message does not name the offender: {message}"
 
 
 @pytest.mark.parametrize("scheme", REMOTE_SCHEMES)

@@ -273,7 +273,7 @@ INV, ADD = ("inv", (0,), (1,), {}), ("add", (1, 2), (3,), {})  # _captured()'s r
     ((INV, ("add", (1, 2), (3,), ())), None, "ProtocolError", "add: a record is (name, inputs, outputs, attrs)"),
     ((INV, ("add", (1, 2), 3, {})), None, "ProtocolError", "add: a record is (name, inputs, outputs, attrs)"),
     ((INV, ("reshape", (1,), (3,), {"shape": (3,)})), None, "ShapeError",
-     "reshape: cannot reshape array of size 4 into shape (3,)"),
+     "reshape: cannot reshape an array of shape (2, 2) (size 4) into shape (3,)"),
     ((INV, ("nonzero", (1,), (3, 4), {})), None, "ProtocolError", "nonzero: data-dependent shapes cannot be part of a graph"),
     ((INV, ("tile", (1,), (3,), {"repetitions": (100, 100)})), None, "ResourceLimitError",
      "tile: an output of shape (200, 200) float64 exceeds the peer's tensor limit of 65536 bytes"),

@@ -41,6 +41,11 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],
                  ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_autodiff_api.py", "tests/test_graph_files.py",
                   "tests/test_session.py", "tests/test_budget.py"]),
+    # the rows' own rules (meta, canon, gradient, scratch), judged by the tests generated from the table
+    "op-rules": ([f"ember/ops/{name}.py" for name in ("creation", "elementwise", "fft", "indexing", "linalg",
+                                                       "manipulation", "nn", "reductions")],
+                 ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_errors.py", "tests/test_nn_reference.py",
+                  "tests/test_indexing.py", "tests/test_dtypes.py"]),
 }
 LEFT_OUT = [
     "--deselect=tests/test_train.py::test_the_example_reaches_95_percent",  # a 400-step subprocess: slow

@@ -26,7 +26,7 @@ def _arange_canon(start, stop, step, dtype):
         if not dt.is_python_scalar(value) or isinstance(value, complex):
             raise ArgumentError(f"{name} must be a real Python number, got {value!r}")
     if step == 0:
-        raise ArgumentError("step must not be zero")
+        raise ArgumentError(f"step must not be zero, got {step!r}")
     if dtype is None:
         dtype = dt.default_int if all(isinstance(v, int) for v in (start, stop, step)) else dt.default_float
     return {"start": start, "stop": stop, "step": step, "dtype": dtype}

@@ -29,7 +29,7 @@ def _one_axis(kind):
     def canon(x, n, axis, norm):
         require(x.dtype, category)
         if x.ndim == 0:
-            raise ShapeError("input must be at least 1-d")
+            raise ShapeError(f"input must be at least 1-d, got shape {fmt_shape(x.shape)}")
         axis = normalize_axis(axis, x.ndim)
         n = _DEFAULT_N.get(kind, lambda m: m)(x.shape[axis]) if n is None else as_int(n, "n")
         if n < 1:

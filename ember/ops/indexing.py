@@ -132,7 +132,8 @@ def _setitem_meta(x, value, *arrays, key):
     except ShapeError:
         fits = False
     if not fits:
-        raise ShapeError(f"value of shape {fmt_shape(value.shape)} cannot be broadcast to the indexed shape {fmt_shape(target)}")
+        raise ShapeError(f"value of shape {fmt_shape(value.shape)} cannot be broadcast to the shape {fmt_shape(target)} "
+                         f"the key selects from {fmt_shape(x.shape)}")
     if value.dtype is not x.dtype:
         raise DTypeError(f"value dtype {value.dtype} differs from the array's {x.dtype}")
     return Meta(x.shape, x.dtype)

@@ -124,7 +124,7 @@ def _vecdot_meta(x1, x2, axis):
     require(dtype, "numeric")
     shape = broadcast_shapes(x1.shape, x2.shape)
     if not shape:
-        raise ShapeError("inputs must be at least 1-d")
+        raise ShapeError(f"inputs must be at least 1-d, got shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)}")
     if not -len(shape) <= axis < 0:
         raise AxisError(f"axis {axis} must be negative and within the broadcast rank {len(shape)}")
     if x1.shape[axis] != x2.shape[axis]:
@@ -151,9 +151,10 @@ def _square(x):
         raise ShapeError(f"input must be a stack of square matrices, got shape {fmt_shape(x.shape)}")
 
 
-def _matrix_op(name, meta, *, attrs=None, multiple=False, canon=None, determined=None, symmetric_input=False, grad, doc=""):
+def _matrix_op(name, meta, *, attrs=None, multiple=False, canon=None, determined=None, unit_free=(), symmetric_input=False,
+               grad, doc=""):
     define(Op(name, ("x",), attrs or {}, meta, canon, family="linalg", multiple=multiple, lift="floating", determined=determined,
-              symmetric_input=symmetric_input, grad=grad, doc=doc))
+              unit_free=unit_free, symmetric_input=symmetric_input, grad=grad, doc=doc))
 
 
 def _same_square(x, **_):
@@ -229,7 +230,7 @@ def _eigh_grad(xp, g, out, x):
 
 
 _matrix_op("eigh", lambda x: (_square(x), (Meta(x.shape[:-1], dt.real_of(x.dtype)), Meta(x.shape, x.dtype)))[1],
-           multiple=True, determined=(0,), symmetric_input=True, grad=_eigh_grad,
+           multiple=True, determined=(0,), unit_free=(1,), symmetric_input=True, grad=_eigh_grad,
            doc="Eigenvalues and eigenvectors of a Hermitian matrix.")
 
 
@@ -343,12 +344,18 @@ define(Op("solve", ("x1", "x2"), {}, _solve_meta, promote_inputs=True, family="l
           doc="Solution of x1 @ out = x2."))
 
 
+def _cross_canon(x1, x2, axis):
+    """The axis counted from the end (a non-negative one counts in the broadcast shape), where both inputs have it."""
+    axis, ndim = as_int(axis, "axis"), len(broadcast_shapes(x1.shape, x2.shape))
+    if not -min(x1.ndim, x2.ndim) <= (axis - ndim if axis >= 0 else axis) < 0:
+        raise AxisError(f"axis {axis} is not an axis of both shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)}")
+    return {"axis": axis - ndim if axis >= 0 else axis}
+
+
 def _cross_meta(x1, x2, axis):
     dtype = dt.promote(x1.dtype, x2.dtype)
     require(dtype, "numeric")
     shape = broadcast_shapes(x1.shape, x2.shape)
-    if not -len(shape) <= axis < 0 and not 0 <= axis < len(shape):
-        raise AxisError(f"axis {axis} is out of bounds for shape {fmt_shape(shape)}")
     if x1.shape[axis] != 3 or x2.shape[axis] != 3:
         raise ShapeError(f"shapes {fmt_shape(x1.shape)} and {fmt_shape(x2.shape)} must have size 3 along axis {axis}")
     return Meta(shape, dtype)
@@ -359,7 +366,7 @@ def _cross_grad(xp, g, out, x1, x2, axis):
             unbroadcast(xp, xp.linalg.cross(g, conj(xp, x1), axis=axis), x2.shape))
 
 
-define(Op("cross", ("x1", "x2"), {"axis": -1}, _cross_meta, promote_inputs=True, family="linalg", grad=_cross_grad,
+define(Op("cross", ("x1", "x2"), {"axis": -1}, _cross_meta, _cross_canon, promote_inputs=True, family="linalg", grad=_cross_grad,
           doc="Cross product of 3-vectors along axis."))
 
 

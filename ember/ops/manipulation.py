@@ -218,10 +218,10 @@ def _reshape_canon(x, shape, copy):
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         if known == 0 or size % known:
-            raise ShapeError(f"cannot reshape array of size {size} into shape {fmt_shape(shape)}")
+            raise ShapeError(f"cannot reshape an array of shape {fmt_shape(x.shape)} (size {size}) into shape {fmt_shape(shape)}")
         shape = tuple(size // known if s == -1 else s for s in shape)
     if math.prod(shape) != size:
-        raise ShapeError(f"cannot reshape array of size {size} into shape {fmt_shape(shape)}")
+        raise ShapeError(f"cannot reshape an array of shape {fmt_shape(x.shape)} (size {size}) into shape {fmt_shape(shape)}")
     return {"shape": shape}
 
 

@@ -117,9 +117,11 @@ def _linear_meta(x, weight, *bias):
     require(x.dtype, FLOAT)
     require_ndim(x, 1)
     if weight.ndim != 2 or weight.shape[1] != x.shape[-1] or weight.dtype is not x.dtype:
-        raise ShapeError(f"weight must be (out, {x.shape[-1]}) {x.dtype}, got {fmt_shape(weight.shape)} {weight.dtype}")
+        raise ShapeError(f"weight must be (out, {x.shape[-1]}) {x.dtype} for input {fmt_shape(x.shape)}, "
+                         f"got {fmt_shape(weight.shape)} {weight.dtype}")
     if bias and (bias[0].shape != weight.shape[:1] or bias[0].dtype is not x.dtype):
-        raise ShapeError(f"bias must be ({weight.shape[0]},) {x.dtype}, got {fmt_shape(bias[0].shape)} {bias[0].dtype}")
+        raise ShapeError(f"bias must be ({weight.shape[0]},) {x.dtype} for input {fmt_shape(x.shape)} and weight "
+                         f"{fmt_shape(weight.shape)}, got {fmt_shape(bias[0].shape)} {bias[0].dtype}")
     return Meta(x.shape[:-1] + weight.shape[:1], x.dtype)
 
 
@@ -215,10 +217,14 @@ def _pair(value, what):
         raise ArgumentError(f"{what} must be an int or a pair of ints, got {value!r}") from None
 
 
-def _out_size(size, kernel, stride, padding, dilation, what):
+def _out_size(x, axis, kernel, stride, padding, dilation, weight=None):
+    """The output length along ``axis`` (2: height, 3: width) of a window sliding over input ``x``."""
+    size = x.shape[axis]
     out = (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
     if out < 1:
-        raise ShapeError(f"the {what} window does not fit: input {size}, kernel {kernel}, padding {padding}, dilation {dilation}")
+        shapes = fmt_shape(x.shape) + ("" if weight is None else f" and weight {fmt_shape(weight.shape)}")
+        raise ShapeError(f"the {('height', 'width')[axis - 2]} window does not fit input {shapes}: size {size}, "
+                         f"kernel {kernel}, padding {padding}, dilation {dilation}")
     return out
 
 
@@ -234,14 +240,16 @@ def _conv_meta(x, weight, *bias, stride, padding, dilation, groups):
     if x.ndim != 4 or weight.ndim != 4:
         raise ShapeError(f"input must be (N, C, H, W) and weight (O, C/groups, KH, KW), got {fmt_shape(x.shape)} "
                          f"and {fmt_shape(weight.shape)}")
-    n, c, h, w = x.shape
+    n, c = x.shape[:2]
     o, cg, kh, kw = weight.shape
     if groups < 1 or c % groups or o % groups or cg * groups != c:
-        raise ShapeError(f"{c} input channels and weight {fmt_shape(weight.shape)} do not fit groups={groups}")
+        raise ShapeError(f"input {fmt_shape(x.shape)} ({c} channels) and weight {fmt_shape(weight.shape)} "
+                         f"do not fit groups={groups}")
     if bias and bias[0].shape != (o,):
-        raise ShapeError(f"bias must be ({o},), got {fmt_shape(bias[0].shape)}")
-    oh = _out_size(h, kh, stride[0], padding[0], dilation[0], "height")
-    ow = _out_size(w, kw, stride[1], padding[1], dilation[1], "width")
+        raise ShapeError(f"bias must be ({o},) for input {fmt_shape(x.shape)} and weight {fmt_shape(weight.shape)}, "
+                         f"got {fmt_shape(bias[0].shape)}")
+    oh = _out_size(x, 2, kh, stride[0], padding[0], dilation[0], weight)
+    ow = _out_size(x, 3, kw, stride[1], padding[1], dilation[1], weight)
     return Meta((n, o, oh, ow), x.dtype)
 
 
@@ -319,8 +327,8 @@ def _pool_meta(x, kernel_size, stride, padding):
     require(x.dtype, FLOAT)
     if x.ndim != 4:
         raise ShapeError(f"input must be (N, C, H, W), got {fmt_shape(x.shape)}")
-    oh = _out_size(x.shape[2], kernel_size[0], stride[0], padding[0], 1, "height")
-    ow = _out_size(x.shape[3], kernel_size[1], stride[1], padding[1], 1, "width")
+    oh = _out_size(x, 2, kernel_size[0], stride[0], padding[0], 1)
+    ow = _out_size(x, 3, kernel_size[1], stride[1], padding[1], 1)
     return Meta(x.shape[:2] + (oh, ow), x.dtype)
 
 

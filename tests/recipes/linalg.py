@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember import dtypes as dt
-from ember.errors import AxisError, ShapeError
+from ember.errors import ArgumentError, AxisError, ShapeError
 from ember.ops.linalg import _MATRIX_ORDS
 
 
@@ -29,7 +29,13 @@ def _tensordot_examples(g):
     shared = g.shape(max_dims=2)
     first = g.array(g.shape(max_dims=2) + shared, dtype, low=-5, high=5)
     second = g.array(shared + g.shape(max_dims=2), dtype, low=-5, high=5)
-    return (first, second), {"axes": len(shared)}
+    count = len(shared)
+    # axes as a count, as a pair of sequences (in either order: the contraction follows the pairing), or as a
+    # pair of bare ints
+    pairs = [(first.ndim - count + k, k) for k in range(count)]
+    pairs = g.permutation(pairs) if pairs else pairs
+    axes = g.choice([count, (tuple(a for a, _ in pairs), tuple(b for _, b in pairs))] + ([pairs[0]] if count == 1 else []))
+    return (first, second), {"axes": axes}
 
 
 def _vecdot_examples(g):
@@ -59,7 +65,7 @@ def _positive_definite(g):
 
 def _well_conditioned(g):
     n = g.integer(1, 4)
-    a = g.array(g.shape(max_dims=1) + (n, n), g.dtype("real floating"), low=-1, high=1)
+    a = g.array(g.shape(max_dims=2) + (n, n), g.dtype("real floating"), low=-1, high=1)
     return (a + 4 * n * np.eye(n, dtype=a.dtype),), {}
 
 
@@ -79,14 +85,21 @@ def _cross_examples(g):
     dtype = g.dtype("real numeric")
     batch = g.shape(max_dims=2)
     other = g.array(g.broadcastable(batch) + (3,), dtype, low=-5, high=5)
-    return (g.array(batch + (3,), dtype, low=-5, high=5), other), {"axis": -1}
+    first = g.array(batch + (3,), dtype, low=-5, high=5)
+    # the vectors' axis counted from the end, or from the front of the broadcast shape
+    return (first, other), {"axis": g.choice([-1, max(first.ndim, other.ndim) - 1])}
 
 
 def _vector_norm_examples(g):
-    shape = g.shape(min_side=1)
-    axes = None if not shape or g.flag() else (g.integer(0, len(shape) - 1),)
     ord_ = g.choice([2, 1, 0, float("inf"), float("-inf"), 3])
+    shape = g.shape(min_side=1 if ord_ in (float("inf"), float("-inf")) else 0)  # a max or min of nothing is undefined
+    axes = None if not shape or g.flag() else (g.integer(0, len(shape) - 1),)
     return (g.array(shape, g.dtype("floating")),), {"axis": axes, "keepdims": g.flag(), "ord": ord_}
+
+
+def _bad(arrays, attrs, error):
+    """A recipe for one fixed refusal: float64 arrays of the given shapes."""
+    return lambda g: (tuple(g.array(shape, dt.float64) for shape in arrays), attrs, error)
 
 
 EXAMPLES = {
@@ -112,16 +125,29 @@ EXAMPLES = {
     "vector_norm": _vector_norm_examples,
 }
 
+BRANCHES = {
+    "vector_norm": [{"ord": o} for o in (2, 1, 0, float("inf"), float("-inf"), 3, -1.5)],
+    "matrix_norm": [{"ord": o, "keepdims": keep} for o in _MATRIX_ORDS for keep in (False, True)],
+    "matrix_power": [{"n": n} for n in (-2, -1, 0, 1, 3)],
+}
+
 BAD_EXAMPLES = {
     "matmul": _misaligned,
-    "tensordot": lambda g: ((g.array((2, 3), dt.float64), g.array((4, 2), dt.float64)), {"axes": 1}, ShapeError),
-    "vecdot": lambda g: ((g.array((3,), dt.float64), g.array((4,), dt.float64)), {"axis": -1}, ShapeError),
+    "tensordot": [_bad([(2, 3), (4, 2)], {"axes": 1}, ShapeError), _bad([(2, 3), (3, 2)], {"axes": -1}, AxisError),
+                  _bad([(2, 3), (3,)], {"axes": 2}, AxisError), _bad([(2, 3), (3, 2)], {"axes": 1.5}, ArgumentError),
+                  _bad([(2, 3), (3, 2)], {"axes": ((0, 1), (0,))}, ArgumentError)],
+    "vecdot": [_bad([(3,), (4,)], {"axis": -1}, ShapeError), _bad([(2, 3), (2, 1)], {"axis": -1}, ShapeError),
+               _bad([(), ()], {"axis": -1}, ShapeError), _bad([(2, 3), (2, 3)], {"axis": 0}, AxisError),
+               _bad([(2, 3), (2, 3)], {"axis": -3}, AxisError)],
     **{name: _not_square for name in ("cholesky", "inv", "det", "slogdet", "eigh", "eigvalsh")},
     "matrix_power": lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
     "solve": lambda g: ((g.array((3, 3), dt.float64), g.array((4,), dt.float64)), {}, ShapeError),
-    "cross": lambda g: ((g.array((2,), dt.float64), g.array((2,), dt.float64)), {"axis": -1}, ShapeError),
+    "cross": [_bad([(2,), (2,)], {"axis": -1}, ShapeError), _bad([(2, 3), (2, 1)], {"axis": -1}, ShapeError),
+              _bad([(2, 3), (2, 3)], {"axis": -3}, AxisError), _bad([(2, 3), (2, 3)], {"axis": 2}, AxisError)],
     "diagonal": lambda g: ((g.array((3,), dt.float64),), {"offset": 0}, ShapeError),
     "trace": lambda g: ((g.array((3,), dt.float64),), {}, ShapeError),
-    "matrix_norm": lambda g: ((g.array((3,), dt.float64),), {}, ShapeError),
-    "vector_norm": lambda g: ((g.array((2, 3), dt.float64),), {"axis": 3}, AxisError),
+    "matrix_norm": [_bad([(3,)], {}, ShapeError), _bad([(2, 2)], {"ord": 3}, ArgumentError)],
+    "vector_norm": [_bad([(2, 3)], {"axis": 3}, AxisError), _bad([(2, 3)], {"ord": "fro"}, ArgumentError),
+                    _bad([(2, 3)], {"ord": True}, ArgumentError),
+                    _bad([(2, 0)], {"ord": float("inf"), "axis": (1,)}, ShapeError)],
 }
