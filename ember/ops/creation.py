@@ -35,7 +35,13 @@ def _arange_canon(start, stop, step, dtype):
 def _arange_meta(start, stop, step, dtype):
     if dtype.kind not in (dt.SIGNED, dt.UNSIGNED, dt.REAL):
         raise DTypeError(f"dtype must be a real numeric dtype, got {dtype}")
-    return Meta((arange_length(start, stop, step),), dtype)
+    length = arange_length(start, stop, step)
+    if length and dtype.kind != dt.REAL:
+        info = dt.iinfo(dtype)
+        first, last = start, start + (length - 1) * step
+        if not (info.min <= min(first, last) and max(first, last) <= info.max):
+            raise DTypeError(f"values from {first} to {last} do not fit dtype {dtype}")
+    return Meta((length,), dtype)
 
 
 define(Op("arange", (), {"start": REQUIRED, "stop": None, "step": 1, "dtype": None}, _arange_meta, _arange_canon,

@@ -214,7 +214,7 @@ for _name, _result, _grad in (("sort", None, _sort_grad), ("argsort", dt.default
 
 def _searchsorted_meta(x1, x2, side):
     if x1.ndim != 1:
-        raise ShapeError(f"x1 must be 1-d, got shape {fmt_shape(x1.shape)}")
+        raise ShapeError(f"x1 must be 1-d, got x1 {fmt_shape(x1.shape)} (and x2 {fmt_shape(x2.shape)})")
     if side not in ("left", "right"):
         raise ArgumentError(f"side must be 'left' or 'right', got {side!r}")
     require(dt.promote(x1.dtype, x2.dtype), "real")
@@ -229,7 +229,7 @@ define(Op("searchsorted", ("x1", "x2"), {"side": "left"}, _searchsorted_meta, pr
 
 def _nonzero_meta(x):
     if x.ndim == 0:
-        raise ShapeError("nonzero is not defined for 0-d arrays")
+        raise ShapeError(f"nonzero is not defined for 0-d arrays, got shape {fmt_shape(x.shape)}")
     return tuple(Meta((None,), dt.default_index) for _ in range(x.ndim))
 
 

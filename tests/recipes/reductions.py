@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember import dtypes as dt
+from ember.errors import ArgumentError, ShapeError
 from ember.ops import OPS
 
 from . import samples
@@ -43,30 +45,39 @@ def _arg_examples(g):
     return (g.array(shape, g.dtype("real numeric")),), {"axis": axis, "keepdims": g.flag()}
 
 
+def _bad(shapes, attrs, error):
+    """A recipe for one fixed refusal: float64 arrays of the given shapes."""
+    return lambda g: (tuple(g.array(shape, dt.float64) for shape in shapes), attrs, error)
+
+
 for _name in ("argmax", "argmin"):
     EXAMPLES[_name] = _arg_examples
-    BAD_EXAMPLES[_name] = samples.bad_axis("real numeric")
+    BAD_EXAMPLES[_name] = [samples.bad_axis("real numeric"), _bad([(2, 0)], {"axis": 1, "keepdims": False}, ShapeError),
+                           _bad([(0, 3)], {"axis": None, "keepdims": False}, ShapeError)]
 
 
 def _scan_examples(g):
     shape = g.shape(min_dims=1)
-    axis = g.integer(-len(shape), len(shape) - 1)
+    axis = g.integer(-len(shape), len(shape) - 1) if len(shape) > 1 or g.flag() else None  # None: a 1-d input's axis
     return (g.array(shape, g.dtype("numeric"), low=-3, high=3),), {"axis": axis, "include_initial": g.flag()}
 
 
 for _name in ("cumulative_sum", "cumulative_prod"):
     EXAMPLES[_name] = _scan_examples
-    BAD_EXAMPLES[_name] = samples.bad_axis("numeric")
+    BAD_EXAMPLES[_name] = [samples.bad_axis("numeric"),
+                           _bad([(2, 3)], {"axis": None, "dtype": None, "include_initial": False}, ArgumentError)]
 
 
 def _diff_examples(g):
     shape = g.shape(min_dims=1)
     axis = g.integer(-len(shape), len(shape) - 1)
-    return (g.array(shape, g.dtype("real numeric"), low=-100, high=100),), {"axis": axis, "n": g.integer(0, 2)}
+    n = g.integer(0, 2) if g.flag() else shape[axis] + g.integer(0, 2)  # from the axis' length on the result is empty
+    return (g.array(shape, g.dtype("real numeric"), low=-100, high=100),), {"axis": axis, "n": n}
 
 
 EXAMPLES["diff"] = _diff_examples
-BAD_EXAMPLES["diff"] = samples.bad_axis("numeric")
+BAD_EXAMPLES["diff"] = [samples.bad_axis("numeric"), _bad([(3,)], {"axis": -1, "n": -1}, ArgumentError),
+                        _bad([(3,)], {"axis": -1, "n": 1.5}, ArgumentError)]
 
 
 def _sort_examples(g):
@@ -86,6 +97,9 @@ def _searchsorted_examples(g):
 
 
 EXAMPLES["searchsorted"] = _searchsorted_examples
+BAD_EXAMPLES["searchsorted"] = [_bad([(2, 2), (3,)], {"side": "left"}, ShapeError),
+                                _bad([(3,), (3,)], {"side": "middle"}, ArgumentError)]
 EXAMPLES["nonzero"] = lambda g: ((g.array(g.shape(min_dims=1), g.dtype("any")),), {})
+BAD_EXAMPLES["nonzero"] = _bad([()], {}, ShapeError)
 for _name in ("unique_values", "unique_counts", "unique_inverse", "unique_all"):
     EXAMPLES[_name] = lambda g: ((g.array(g.shape(), g.dtype("real numeric"), low=0, high=5),), {})
