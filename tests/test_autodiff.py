@@ -370,3 +370,32 @@ def test_complex_cotangents_follow_pytorchs_convention(f):
     out.backward(torch.tensor(c))
     f(em, x + y * 1j).backward(em.asarray(c))
     np.testing.assert_allclose(em.asnumpy(x.grad) + 1j * em.asnumpy(y.grad), z.grad.resolve_conj().numpy(), rtol=1e-10)
+
+
+def _kinks():
+    import torch
+    zero_base, zero_complex_base = np.array([0.0, 2.0, 3.0]), np.array([0j, 2, 3])
+    return [  # (ember's function, PyTorch's, the point)
+        (lambda x: em.std(x), lambda t: torch.std(t, correction=0), [2.0, 2.0, 2.0]),  # std 0: no direction
+        (lambda x: em.std(x, correction=1), lambda t: torch.std(t, correction=1), [2.0, 2.0, 2.0]),
+        (lambda x: em.linalg.vector_norm(x), lambda t: torch.linalg.vector_norm(t), [0.0, 0.0, 0.0]),  # the zero vector
+        (lambda x: em.linalg.vector_norm(x, ord=3), lambda t: torch.linalg.vector_norm(t, ord=3), [0.0, 0.0, 0.0]),
+        (lambda x: em.real(em.sign(x * (1 + 1j))), lambda t: torch.sgn(t * (1 + 1j)).real, [0.0, 1.0, -2.0]),  # sign at 0
+        (lambda x: em.asarray(zero_base) ** x, lambda t: torch.tensor(zero_base) ** t, [1.5, 1.5, 0.5]),  # d/dy 0**y
+        (lambda x: em.real(em.asarray(zero_complex_base) ** (x + 0j)),
+         lambda t: (torch.tensor(zero_complex_base) ** (t + 0j)).real, [1.5, 1.5, 0.5]),
+    ]
+
+
+@pytest.mark.skipif(not torch_available(), reason="torch is not installed")
+@pytest.mark.parametrize("case", range(7), ids=["std", "std correction", "norm 2", "norm 3", "complex sign", "pow exponent",
+                                                 "complex pow exponent"])
+def test_gradients_at_kinks_take_pytorchs_subgradient(case):
+    """Where finite differences cannot judge (a kink, 0/0), ember takes the subgradient PyTorch takes."""
+    import torch
+    ember_function, torch_function, point = _kinks()[case]
+    x = em.asarray(point, device=em.autodiff("numpy")).requires_grad_()
+    t = torch.tensor(point, dtype=torch.float64, requires_grad=True)
+    em.sum(ember_function(x)).backward()
+    torch.sum(torch_function(t)).backward()
+    np.testing.assert_allclose(em.asnumpy(x.grad), t.grad.numpy(), rtol=1e-12, atol=1e-15)
