@@ -238,7 +238,8 @@ class Fetch:
 
     def fail_with(self, error: Exception) -> None:
         """End the fetch with ``error`` (a connection lost, a TLS failure …)."""
-        self.fail(type(error).__name__ if isinstance(error, EmberError) else "ConnectionLost", str(error))
+        kind = next((c.__name__ for c in type(error).__mro__ if c.__name__ in wire.ERROR_KINDS), "EmberError")
+        self.fail(kind if isinstance(error, EmberError) else "ConnectionLost", str(error))
 
     def _finish(self, value) -> None:
         if not self.done.is_set():
