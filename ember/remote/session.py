@@ -31,7 +31,7 @@ from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
 from .access import single_token
-from .transfers import CAPABILITY_BYTES, SCHEMES, Fetch, Grant, Outcome, Transfers
+from .transfers import CAPABILITY_BYTES, FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Outcome, Transfers
 
 log = logging.getLogger("ember.serve")
 
@@ -733,6 +733,10 @@ class Session:
         meta = Meta(shape, dtype)
         job = Fetch(tid, meta, scheme, host, port, capability, self.id, local=peer == self.peer)
         try:
+            if len(self.incoming) >= FETCHES_PER_SESSION and \
+                    sum(not f.done.is_set() for f in self.incoming.values()) >= FETCHES_PER_SESSION:
+                raise ResourceLimitError(f"transfer from {job.source}: {FETCHES_PER_SESSION} transfers to this session "
+                                         f"are running already; read some of their tensors first")
             self._check_size(f"transfer from {job.source}", (meta,))
             self._take(f"transfer from {job.source}", _nbytes(meta))
         except ResourceLimitError as error:

@@ -30,6 +30,7 @@ CAPABILITY_BYTES = 32     # a capability's random bytes (256 bits, as Burn's)
 TTL = 300.0               # seconds a grant stays valid (ember serve --transfer-ttl)
 LINGER = 60.0             # seconds a used or expired capability is remembered after its grant ended
 GRANTS_PER_SESSION = 1024  # grants a session may have pending at once
+FETCHES_PER_SESSION = 256  # fetches a session may have running at once (each is a thread of the shell)
 SCHEMES = ("ember", "ws", "embers", "wss")
 SETTLE_SECONDS = 600.0    # the longest a session waits for its shell to finish a fetch (a shell bounds its own I/O)
 
