@@ -127,7 +127,8 @@ class Array:
         return self._device.engine.native(self._handle).__dlpack_device__()
 
     def to_device(self, device, /, *, stream=None) -> Array:
-        """This array on ``device`` (itself if it is already there)."""
+        """This array on ``device`` (itself if it is already there). Between two compute peers the
+        bytes go from one to the other and nothing waits: a failed move raises at the first read."""
         target = as_device(device)
         if target is self._device:
             return self

@@ -241,7 +241,7 @@ def test_a_destination_that_cannot_reach_the_source_fails_the_move_only(source, 
         relay.close()
 
 
-def test_a_source_killed_mid_transfer_fails_the_move_only(destination):
+def test_a_source_killed_while_the_destination_waits_on_it_fails_the_move_only(destination):
     doomed = Peer("--device", "numpy")
     try:
         a, b = em.device(doomed.url()), em.device(destination.url())
