@@ -127,10 +127,14 @@ class Array:
         return self._device.engine.native(self._handle).__dlpack_device__()
 
     def to_device(self, device, /, *, stream=None) -> Array:
-        """This array on ``device`` (itself if it is already there)."""
+        """This array on ``device`` (itself if it is already there). Between two compute peers the
+        bytes go from one to the other and nothing waits: a failed move raises at the first read."""
         target = as_device(device)
         if target is self._device:
             return self
+        moved = self._device.engine.move(self._handle, self._meta, target.engine)  # peer to peer: no read
+        if moved is not None:
+            return Array._new(moved, self._meta, target)
         try:
             host = self._host()
         except EmberError as error:

@@ -2,6 +2,7 @@
 
     ember serve --device D --listen HOST:PORT [--token-file F | --tokens-file F] [--tls-cert F --tls-key F]
                 [--max-sessions N] [--idle-timeout S] [--handshake-timeout S] [--insecure]
+                [--tls-ca F] [--transfer-ttl S]
                                    host D's backend as a compute peer
     ember demo                     the whole job in one command: peer, remote, training, capture
     ember devices [PEER]           list the local devices (or a compute peer's)
@@ -67,7 +68,7 @@ def _serve(args) -> int:
         server = Server(args.device, args.listen, token=token, authorize=authorize, insecure=args.insecure,
                         limits=limits, tls_cert=args.tls_cert, tls_key=args.tls_key, max_sessions=args.max_sessions,
                         idle_timeout=args.idle_timeout, handshake_timeout=args.handshake_timeout,
-                        max_memory=args.max_memory)
+                        max_memory=args.max_memory, tls_ca=args.tls_ca, transfer_ttl=args.transfer_ttl)
         server.start()
     except (EmberError, OSError) as error:
         print(f"ember serve: {error}", file=sys.stderr)
@@ -119,6 +120,7 @@ def _demo(args) -> int:
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ember`` command."""
     from .remote.server import HANDSHAKE_SECONDS, IDLE_SECONDS, MAX_SESSIONS
+    from .remote.transfers import TTL
     top = argparse.ArgumentParser(prog="ember", description="ember: array computing on any device.")
     top.add_argument("--version", action="version", version=f"ember {__version__}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
@@ -162,6 +164,11 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_SECONDS, metavar="SECONDS",
                        help=f"a connection's TLS, WebSocket upgrade and init frame must all arrive within this "
                             f"(default {HANDSHAKE_SECONDS})")
+    serve.add_argument("--tls-ca", metavar="FILE",
+                       help="fetching a tensor from a TLS peer (x.to_device between peers), trust the CA certificates "
+                            "in FILE (PEM; default: EMBER_TLS_CA, else the system's store)")
+    serve.add_argument("--transfer-ttl", type=float, default=TTL, metavar="SECONDS",
+                       help=f"a transfer capability this peer grants expires after this long (default {TTL:g})")
     serve.set_defaults(run=_serve)
 
     devices = commands.add_parser("devices", help="list the local devices, or a compute peer's",

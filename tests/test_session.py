@@ -125,7 +125,7 @@ def test_the_info_reply_describes_the_host_and_each_session_is_new():
     init = Frame({"t": "init", "v": wire.VERSION, "token": TOKEN}, [])  # no device index: device 0
     first, ((info, _),) = host.open(init, pool)
     second, ((again, _),) = host.open(init, BufferPool())
-    assert set(info) == {"t", "v", "session", "backend", "device", "devices", "device_count", "dtypes", "limits"}
+    assert set(info) == {"t", "v", "session", "peer", "backend", "device", "devices", "device_count", "dtypes", "limits"}
     assert (info["t"], info["v"], info["backend"], info["device"], info["devices"], info["device_count"]) == \
         ("info", wire.VERSION, "numpy", "numpy", ("numpy",), 1)
     assert info["dtypes"] == ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -133,6 +133,7 @@ def test_the_info_reply_describes_the_host_and_each_session_is_new():
     assert info["limits"] == {"max_header_bytes": 64 << 20, "max_tensor_bytes": 1 << 16, "max_frame_bytes": 8 << 30,
                               "max_session_bytes": 1 << 62}
     assert len(info["session"]) == 32 and int(info["session"], 16) >= 0 and again["session"] != info["session"]
+    assert info["session"] == first.id and again["peer"] == info["peer"] == host.identity != info["session"]  # one peer
     assert first.pool is pool and first.registry is host.registry
     assert _replies(_batch(first, ("stats", 1))) == [("stats", 1, {"session_tensors": 0, "session_bytes": 0, "session_ops": 0,
                                                                    "sessions": 2, "live_tensors": 0})]

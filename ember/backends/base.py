@@ -41,5 +41,11 @@ class Backend:
         """``native`` as a NumPy array in host memory (zero-copy where the library allows)."""
         raise NotImplementedError
 
+    def adopt(self, native) -> Any:
+        """A native array of this backend, perhaps on another of its devices, on this device: a
+        compute peer moving a tensor between two of its sessions. A host round trip unless the
+        backend does better."""
+        return self.from_host(np.array(self.to_host(native)))
+
     def from_dlpack(self, obj, copy: bool | None = None) -> Any:
         raise NotImplementedError

@@ -202,6 +202,10 @@ class NumpyBackend(Backend):
     def to_host(self, native):
         return native
 
+    def adopt(self, native):
+        """The same array: ember never writes into an array in place, so sessions may share it."""
+        return native
+
     def from_dlpack(self, obj, copy=None):
         return np.from_dlpack(obj, copy=copy)
 

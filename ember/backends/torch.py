@@ -473,6 +473,11 @@ class TorchBackend(Backend):
     def to_host(self, native) -> np.ndarray:
         return native.detach().cpu().resolve_conj().resolve_neg().numpy()
 
+    def adopt(self, native):
+        """``native`` on this device: shared on the same device, copied device to device (CUDA peer to
+        peer where the hardware allows) otherwise, never through the host."""
+        return native.to(self.device)
+
     def from_dlpack(self, obj, copy=None):
         tensor = torch.from_dlpack(obj)
         if tensor.device != self.device:

@@ -41,6 +41,11 @@ class Engine:
         """The native array behind ``handle`` (for DLPack and ``__array__``); hosts it if remote."""
         return self.download(handle)
 
+    def move(self, handle, meta: Meta, target: Engine) -> Any:
+        """``handle``'s value as a handle of ``target``, moved without passing through this process
+        (two compute peers), or None when this engine cannot: the caller then reads and uploads."""
+        return None
+
     def run_graph(self, graph, inputs: list) -> list:
         """Run a captured graph on input handles; returns the output handles.
 

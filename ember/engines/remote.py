@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import threading
 import time
 import uuid
@@ -19,13 +20,14 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import ArgumentError, ConnectionLost, DeviceError, EmberError, ProtocolError, ResourceLimitError
+from ..errors import ArgumentError, ConnectionLost, DeviceError, EmberError, NotSupportedError, ProtocolError, ResourceLimitError
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import HANDSHAKE_LIMITS, Limits
 from ..wire.tcp import TimedOut
 from .base import Engine
 
+CAPABILITY_BYTES = 32   # random bytes of a transfer capability (ember.remote.transfers checks the length)
 BATCH_OPS = 64          # send a batch once it holds this many messages …
 BATCH_SECONDS = 0.002    # … or once its first message is this old …
 BATCH_BYTES = 8 << 20    # … or once its copied uploads reach this size
@@ -155,7 +157,6 @@ class RemoteEngine(Engine):
             raise ResourceLimitError(f"upload: a tensor of {host.nbytes} bytes exceeds {self.device}'s limit of "
                                      f"{self.limits.max_tensor_bytes} bytes")
         if host.dtype.name not in self.dtypes:
-            from ..errors import NotSupportedError
             raise NotSupportedError(f"upload: {self.device} ({self.info.get('device')}) does not support {host.dtype}")
         handle = RemoteHandle(self, next(self._ids))
         with self._lock:
@@ -171,6 +172,53 @@ class RemoteEngine(Engine):
                 if self._pending_bytes > BATCH_BYTES:
                     self.flush()
         return handle
+
+    # -- transfers between peers: no byte passes through the client, and nothing waits --
+    def move(self, handle, meta: Meta, target) -> RemoteHandle | None:
+        """Move ``handle`` to another peer's session ``target`` directly (None for any other target):
+        a fresh capability, granted here and presented there; see :meth:`grant` and :meth:`fetch`."""
+        if type(target) is not RemoteEngine or target is self or type(handle) is not RemoteHandle \
+                or handle.engine is not self or self.lost is not None:
+            return None
+        capability = secrets.token_bytes(CAPABILITY_BYTES)
+        self.grant(handle, capability, target.session)
+        return target.fetch(self, capability, meta)
+
+    @property
+    def session(self) -> str:
+        """This session's name on its peer (what a grant binds a transfer to)."""
+        return self.info.get("session", "")
+
+    def grant(self, handle: RemoteHandle, capability: bytes, session: str) -> None:
+        """Let ``session`` (of any peer) read ``handle``'s tensor once, with ``capability`` (32 random
+        bytes), before the peer's transfer TTL runs out. Sent at once, after every op it depends on;
+        no reply is awaited. A step of :meth:`move`, and of any plan moving tensors between peers."""
+        if handle.engine is not self:
+            raise ConnectionLost(f"to_device: the array lives in a lost session with {self.device}; its data is gone")
+        with self._lock:
+            if not self._pending:
+                self._first_pending = _clock()
+            self._pending.append(("grant", handle.id, capability, session))
+            self.flush()  # the source starts serving it as soon as it gets there, not at the next read
+
+    def fetch(self, source: RemoteEngine, capability: bytes, meta: Meta) -> RemoteHandle:
+        """A new tensor of this session: the one ``source``'s session granted with ``capability``, of
+        ``meta``'s shape and dtype, fetched by this peer from that one. Sent at once, nothing awaited;
+        a failure (unreachable source, refused capability) surfaces at the first read that depends
+        on the new tensor, as a typed error naming the transfer."""
+        if self.lost is not None:
+            raise self.lost
+        if meta.dtype.name not in self.dtypes:
+            raise NotSupportedError(f"to_device: {self.device} ({self.info.get('device')}) does not support {meta.dtype}")
+        where = source.device
+        out = RemoteHandle(self, next(self._ids))
+        with self._lock:
+            if not self._pending:
+                self._first_pending = _clock()
+            self._pending.append(("fetch", out.id, meta.dtype, tuple(meta.shape), where.scheme, where.host, where.port,
+                                  capability, source.info.get("peer", "")))
+            self.flush()  # the fetch starts now, well within the capability's lifetime
+        return out
 
     def download(self, handle) -> np.ndarray:
         if handle.engine is not self:  # an array of an earlier session with this device

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import select
 import socket
 import ssl
@@ -21,17 +22,20 @@ from dataclasses import replace
 
 from ..errors import ArgumentError, EmberError, ProtocolError
 from ..wire import protocol as wire
+from ..wire import tcp, websocket
 from ..wire.protocol import HANDSHAKE_LIMITS, Limits
 from ..wire.tcp import TcpConnection, TimedOut, wait_limit
-from ..wire.tls import HANDSHAKE_RECORD, server_context
+from ..wire.tls import HANDSHAKE_RECORD, client_context, server_context
 from ..wire.websocket import accept as accept_websocket
 from .session import Budget, BufferPool, Host, hosted_devices
+from .transfers import TTL, Fetch, Transfers
 
 log = logging.getLogger("ember.serve")
 
 HANDSHAKE_SECONDS = 10   # TLS, the WebSocket upgrade and the init frame: all within this, from the connection
 IDLE_SECONDS = 15 * 60   # a session that receives nothing for this long is closed
 MAX_SESSIONS = 64        # sessions at once (and as many connections still in their handshake)
+FETCH_SECONDS = 120      # a fetch from another peer: each wait for bytes, and all its tries together
 _ALIVE = wire.encode_frame({"t": "alive"})
 
 #: what a peer accepts unless told otherwise: headers of at most 4 MiB (a batch, or a graph of tens of
@@ -78,13 +82,19 @@ class Server:
       once). A session that receives nothing for ``idle_timeout`` seconds is closed (None or 0:
       never); a client waiting on its own long batch is not idle: the peer is not reading then,
       and sends it ``alive`` frames if it asked for keepalives.
+    - Transfers (``x.to_device`` between peers, see ``ember.remote.transfers``): a capability this
+      peer grants expires after ``transfer_ttl`` seconds. Fetching from a TLS peer, this peer
+      trusts the CA certificates in ``tls_ca`` (PEM), else in ``EMBER_TLS_CA``, else the system's.
     """
 
     def __init__(self, device="numpy", listen: str = "127.0.0.1:7878", *, token: str | None = None, authorize=None,
                  insecure: bool = False, limits: Limits = PEER_LIMITS, tls_cert: str | None = None,
                  tls_key: str | None = None, max_sessions: int = MAX_SESSIONS, idle_timeout: float | None = IDLE_SECONDS,
-                 handshake_timeout: float = HANDSHAKE_SECONDS, max_memory: int | None = None):
+                 handshake_timeout: float = HANDSHAKE_SECONDS, max_memory: int | None = None,
+                 tls_ca: str | None = None, transfer_ttl: float = TTL):
         devices = hosted_devices(device)
+        if not (isinstance(transfer_ttl, (int, float)) and 0 <= transfer_ttl < 1e9):
+            raise ArgumentError(f"transfer_ttl is seconds ≥ 0, got {transfer_ttl!r}")
         self.host, self.port = _parse_listen(listen)
         if token and authorize:
             raise ArgumentError("pass a token or an authorizer, not both (--token-file or --tokens-file)")
@@ -97,6 +107,8 @@ class Server:
             raise ArgumentError("TLS needs a certificate and its private key: pass both --tls-cert FILE and "
                                 "--tls-key FILE (tls_cert=, tls_key=)")
         self.tls = server_context(tls_cert, tls_key) if tls_cert else None
+        self.tls_ca = tls_ca or os.environ.get("EMBER_TLS_CA") or None  # whom this peer trusts when it fetches
+        self._fetch_tls = client_context(self.tls_ca) if tls_ca else None  # a bad file is refused before binding
         missing = [(what, how) for what, how, present in (
             ("TLS", "--tls-cert FILE --tls-key FILE (tls_cert=, tls_key=)", self.tls),
             ("a token", "--token-file FILE or --tokens-file FILE (token=, authorize=)", token or authorize)) if not present]
@@ -111,7 +123,8 @@ class Server:
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout or None
         self.handshake_timeout = handshake_timeout
-        self.hosting = Host(devices, token or None, limits, budget, authorize=authorize, max_sessions=max_sessions)
+        self.hosting = Host(devices, token or None, limits, budget, authorize=authorize, max_sessions=max_sessions,
+                            transfers=Transfers(transfer_ttl))
         self._listener: socket.socket | None = None
         self._threads: set[threading.Thread] = set()
         self._links: set[_Link] = set()
@@ -174,6 +187,7 @@ class Server:
         """Stop listening and close every session (their tensors are freed)."""
         self._stopping.set()
         self._heartbeat.stop()
+        self.hosting.transfers.close()  # fetches waiting for a grant give up
         if self._listener is not None:
             try:
                 self._listener.shutdown(socket.SHUT_RDWR)
@@ -242,11 +256,15 @@ class Server:
         handshaking = True
         try:
             pool = self.hosting.pool  # one pool for the peer, within its memory budget
-            connection, plain_on_tls = self._open(sock, pool, time.monotonic() + self.handshake_timeout)
+            deadline = time.monotonic() + self.handshake_timeout
+            connection, plain_on_tls = self._open(sock, pool, deadline)
             link = _Link(connection)
             with self._lock:
                 self._links.add(link)
             init = connection.receive()
+            if init.header.get("t") == "fetch" and not plain_on_tls:  # another peer, fetching a granted tensor
+                self._answer_fetch(link, init, address, deadline)
+                return
             if plain_on_tls:  # refused after its init frame is read, so the refusal is not lost to a reset
                 replies = [({"t": "refuse", "kind": "TLSError",
                              "reason": "this peer requires TLS: connect with embers:// (TCP) or wss:// (WebSocket)"}, [])]
@@ -268,6 +286,7 @@ class Server:
             connection.deadline = None  # the handshake is done: the session's own limits and timeout
             connection.set_limits(self.limits)
             connection.reader.allocate = session.allocate  # received tensors count against its quota and the budget
+            session.runner = self._start_fetch  # fetches from other peers run beside the session
             connection.sock.settimeout(self.idle_timeout)
             if info.get("keepalive"):
                 link.interval = info["keepalive"]
@@ -312,6 +331,72 @@ class Server:
                 if handshaking:
                     self._handshakes -= 1
                 self._threads.discard(threading.current_thread())
+
+
+    # -- transfers between peers: the I/O of ember.remote.transfers --
+    def _answer_fetch(self, link: _Link, init, address: str, deadline: float) -> None:
+        """Answer another peer's fetch: wait (within the handshake deadline: the connection has not
+        authenticated until its capability is known) for the grant, then send the tensor or a
+        refusal. The connection counts as a handshake all along."""
+        transfers = self.hosting.transfers
+        while True:
+            generation = transfers.generation
+            answer = self.hosting.answer_fetch(init, final=time.monotonic() >= deadline or self._stopping.is_set())
+            if answer is not None:
+                break
+            transfers.wait(generation, deadline - time.monotonic())
+        replies, grant = answer
+        try:
+            link.send(replies)
+        finally:
+            if grant is not None:
+                grant.release()
+        refusal = replies[0][0].get("reason")
+        log.info("%s: %s", address, f"transfer refused: {refusal}" if refusal else
+                 f"sent a granted tensor of {replies[0][1][0].nbytes} bytes")
+
+    def _start_fetch(self, job: Fetch) -> None:
+        """A session's runner: perform ``job`` on a thread of its own, so the session goes on."""
+        target = self._fetch_locally if job.local else self._fetch_remotely
+        threading.Thread(target=target, args=(job,), name="ember-fetch", daemon=True).start()
+
+    def _fetch_locally(self, job: Fetch) -> None:
+        deadline = time.monotonic() + FETCH_SECONDS
+        transfers = self.hosting.transfers
+        try:
+            while True:
+                generation = transfers.generation
+                if self.hosting.fetch_locally(job, final=time.monotonic() >= deadline or self._stopping.is_set()):
+                    return
+                transfers.wait(generation, deadline - time.monotonic())
+        except Exception as error:  # never leave the session waiting
+            job.fail_with(error)
+
+    def _fetch_remotely(self, job: Fetch) -> None:
+        """Connect to the source peer (TLS checked against this peer's CA), present the capability and
+        receive the one tensor; again while the source has not seen the grant yet, for FETCH_SECONDS."""
+        deadline = time.monotonic() + FETCH_SECONDS
+        try:
+            while True:
+                connection = None
+                try:
+                    secure = job.scheme in ("embers", "wss")
+                    if secure and self._fetch_tls is None:
+                        self._fetch_tls = client_context(self.tls_ca)
+                    module = websocket if job.scheme in ("ws", "wss") else tcp
+                    # nothing large before the source answers; then exactly the tensor it granted
+                    connection = module.connect(job.host, job.port, HANDSHAKE_LIMITS, timeout=FETCH_SECONDS,
+                                                tls=self._fetch_tls if secure else None)
+                    connection.send(wire.encode_frame(job.request()))
+                    connection.set_limits(job.reply_limits())
+                    frame = connection.receive()
+                finally:
+                    if connection is not None:
+                        connection.close()
+                if job.receive(frame, final=time.monotonic() >= deadline or self._stopping.is_set()):
+                    return
+        except Exception as error:  # a source that cannot be reached, died, spoke nonsense or failed TLS
+            job.fail_with(error)
 
 
 class _Link:
@@ -408,7 +493,8 @@ def _receive_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
 def serve(device="numpy", listen: str = "127.0.0.1:7878", **options) -> None:
     """Host ``device``'s backend as a compute peer on ``listen``; blocks until Ctrl-C. ``options``
     are :class:`Server`'s: ``token``, ``authorize``, ``tls_cert`` and ``tls_key``, ``insecure``,
-    ``limits``, ``max_sessions``, ``idle_timeout``, ``handshake_timeout``.
+    ``limits``, ``max_sessions``, ``idle_timeout``, ``handshake_timeout``, ``max_memory``, ``tls_ca``,
+    ``transfer_ttl``.
 
     Raises HostDeviceError (before binding anything) for a capture or remote device, and
     ArgumentError for a TLS, access or listening setup it refuses (see :class:`Server`).

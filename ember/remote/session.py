@@ -31,6 +31,7 @@ from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
 from .access import single_token
+from .transfers import CAPABILITY_BYTES, FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Outcome, Transfers
 
 log = logging.getLogger("ember.serve")
 
@@ -207,8 +208,17 @@ class Session:
     the op, the size and the limit; the session and its other tensors live on.
     """
 
-    def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry, pool: BufferPool, budget: Budget):
+    def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry, pool: BufferPool, budget: Budget,
+                 transfers: Transfers | None = None, peer: str = ""):
         self.engine = engine
+        self.id = uuid.uuid4().hex  # the session's name: grants bind a transfer to it
+        self.transfers = transfers if transfers is not None else Transfers()
+        self.peer = peer            # the hosting peer's identity: a fetch from it needs no network
+        self.runner = None          # the shell's: runner(fetch) starts a Fetch at once; None keeps them in fetches
+        self.fetches: list[Fetch] = []
+        self.incoming: dict[int, Fetch] = {}  # tensors being fetched: their bytes are in sizes, not yet in tensors
+        self.granted = 0            # bytes counted for this session's grants not yet ended
+        self.ended: deque[int] = deque()  # bytes of grants ended on other threads, given back at the next frame
         self.budget = budget
         self.pool = pool
         self.limits = limits
@@ -232,12 +242,14 @@ class Session:
         return sum(self.sizes.values())
 
     def close(self) -> None:
+        self.incoming.clear()
         self.tensors.clear()
         self.metas.clear()
         self.sizes.clear()
         self.graphs.clear()
         self.budget.give(self.used + self.credit)
-        self.used = self.credit = self.replying = 0
+        self.used = self.credit = self.replying = self.granted = 0
+        self.ended.clear()
 
     def _take(self, what: str, nbytes: int) -> None:
         """Count ``nbytes`` more against the quota and the budget, or refuse naming ``what``."""
@@ -284,6 +296,8 @@ class Session:
     def _store(self, tid, value, meta: Meta | None, counted: bool) -> None:
         """Keep ``value`` as tensor ``tid`` (a Poison has no meta), counting its bytes unless ``counted``."""
         _check_id(tid)
+        if self.incoming:
+            self.incoming.pop(tid, None)
         old = self.sizes.pop(tid, None)
         self.metas.pop(tid, None)
         if old is not None:
@@ -315,6 +329,13 @@ class Session:
         if self.replying:  # the last replies were sent before this frame was read: their copies are gone
             self._give(self.replying)
             self.replying = 0
+        if self.granted:
+            self.transfers.purge()  # grants past their time end, and give their bytes back here
+            ended = self.ended
+            while ended:
+                nbytes = ended.popleft()
+                self.granted -= nbytes
+                self._give(nbytes)
         self._sent = {}
         self._reasons = {i: self._declined.popleft() if self._declined else "declined"
                          for i, segment in enumerate(frame.segments) if segment is None}
@@ -375,8 +396,13 @@ class Session:
                 metas.append(literal_meta(name, ref))
                 handles.append(ref[0])
                 continue
-            # here the reference names no live tensor: a failure upstream, or nothing at all
+            # here the reference names no live tensor: a failure upstream, one being fetched, or nothing at all
             value = tensors.get(ref) if type(ref) is int else None
+            if value is None and self.incoming and type(ref) is int and ref in self.incoming:
+                self.ops -= 1  # counted again by the retry
+                self._settle(ref)
+                self._op(message)
+                return
             if type(value) is Poison:  # the failure travels to everything that depends on it
                 for tid in outputs:
                     self._store(tid, value, None, False)
@@ -426,6 +452,9 @@ class Session:
             if type(tid) is not int or tid < 0:
                 self._give(reserved)
                 _check_id(tid)
+        if self.incoming:
+            for tid in outputs:
+                self.incoming.pop(tid, None)
         if len(outputs) == 1 and not partly:
             kept = (reserved,)
         else:
@@ -485,6 +514,9 @@ class Session:
 
     def _read(self, tid, rid, replies) -> object | None:
         value = self.tensors.get(tid) if isinstance(tid, int) else None
+        if value is None and self.incoming and type(tid) is int and tid in self.incoming:
+            self._settle(tid)
+            value = self.tensors.get(tid)
         if value is None:
             replies.append(("error", rid, "ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)"))
             return None
@@ -524,6 +556,8 @@ class Session:
 
     def _sync(self, body, frame_segments, replies, segments) -> None:
         (rid,) = body
+        for tid in list(self.incoming):  # every transfer is done, and its failure reported, by a sync
+            self._settle(tid)
         if self.unreported:
             first = self.unreported[0]
             self.unreported.clear()
@@ -537,6 +571,8 @@ class Session:
         freed = 0
         try:
             for tid in ids:
+                if self.incoming:
+                    self.incoming.pop(tid, None)  # its fetch finishes unheard
                 value = tensors.pop(tid, None)
                 metas.pop(tid, None)
                 freed += sizes.pop(tid, 0)
@@ -607,6 +643,9 @@ class Session:
         values = []
         for (node, meta), tid in zip(inputs, input_ids):
             value = self.tensors.get(tid)
+            if value is None and self.incoming and type(tid) is int and tid in self.incoming:
+                self._settle(tid)
+                value = self.tensors.get(tid)
             if value is None:
                 self._poison(output_ids, "ExecutionError", f"run: unknown tensor id {tid!r} (dropped, or from another session)")
                 return
@@ -648,9 +687,89 @@ class Session:
                 raise ResourceLimitError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
                                          f"tensor limit of {limit} bytes")
 
+    # -- transfers between peers (transfers.py): grant on the source, fetch on the destination --
+    def _grant(self, body, frame_segments, replies, segments) -> None:
+        """``["grant", id, capability, session]``: tensor ``id`` may be read once by ``session`` with
+        ``capability``. The value is taken now (every earlier op has run); its bytes stay counted
+        until the grant ends, so a dropped tensor cannot outlive the quota through a grant."""
+        tid, capability, session = body
+        if type(capability) is not bytes or len(capability) != CAPABILITY_BYTES:
+            raise ProtocolError(f"a capability is {CAPABILITY_BYTES} random bytes")
+        if type(session) is not str or not 0 < len(session) <= 64:
+            raise ProtocolError("a grant names the session it is for")
+        _check_id(tid)
+        if tid in self.incoming:
+            self._settle(tid)
+        value, meta, nbytes = self.tensors.get(tid), self.metas.get(tid), 0
+        if value is None:
+            value = Poison("ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)")
+        elif type(value) is not Poison:
+            nbytes = _nbytes(meta)
+            reason = self._reserve(nbytes)
+            if reason is not None:
+                value, nbytes = Poison("ResourceLimitError", f"grant of tensor {tid}: {reason}"), 0
+        refusal = self.transfers.grant(Grant(capability, session, value, meta, self, nbytes))
+        if refusal is not None:
+            self._give(nbytes)
+            self.unreported.append(Poison("ResourceLimitError", refusal))
+        else:
+            self.granted += nbytes
+
+    def _fetch(self, body, frame_segments, replies, segments) -> None:
+        """``["fetch", id, dtype, shape, scheme, host, port, capability, peer]``: tensor ``id`` is the
+        tensor granted with ``capability`` on the peer at ``scheme://host:port`` (whose identity is
+        ``peer``). Its bytes are counted now; the shell fetches it (see transfers.Fetch) and the
+        session takes the outcome when the tensor is first used."""
+        tid, dtype, shape, scheme, host, port, capability, peer = body
+        _check_id(tid)
+        if not isinstance(dtype, dt.DType) or type(shape) is not tuple or len(shape) > 64 or \
+                not all(type(n) is int and n >= 0 for n in shape):
+            raise ProtocolError("a fetch names the tensor's dtype and shape")
+        if scheme not in SCHEMES or type(host) is not str or not 0 < len(host) <= 255 or type(port) is not int \
+                or not 0 < port < 65536 or type(peer) is not str or len(peer) > 64:
+            raise ProtocolError("a fetch names the source peer as scheme, host, port and identity")
+        if type(capability) is not bytes or len(capability) != CAPABILITY_BYTES:
+            raise ProtocolError(f"a capability is {CAPABILITY_BYTES} random bytes")
+        meta = Meta(shape, dtype)
+        job = Fetch(tid, meta, scheme, host, port, capability, self.id, local=peer == self.peer)
+        try:
+            if len(self.incoming) >= FETCHES_PER_SESSION and \
+                    sum(not f.done.is_set() for f in self.incoming.values()) >= FETCHES_PER_SESSION:
+                raise ResourceLimitError(f"transfer from {job.source}: {FETCHES_PER_SESSION} transfers to this session "
+                                         f"are running already; read some of their tensors first")
+            self._check_size(f"transfer from {job.source}", (meta,))
+            self._take(f"transfer from {job.source}", _nbytes(meta))
+        except ResourceLimitError as error:
+            self._poison((tid,), "ResourceLimitError", str(error))
+            return
+        self._store(tid, None, None, False)  # whatever the id held goes
+        self.tensors.pop(tid, None)
+        self.sizes[tid] = _nbytes(meta)
+        self.incoming[tid] = job
+        if self.runner is not None:
+            self.runner(job)
+        else:
+            self.fetches.append(job)
+
+    def _settle(self, tid) -> None:
+        """Wait for the fetch of tensor ``tid`` and keep its value, or the failure naming it."""
+        job = self.incoming.pop(tid)
+        outcome = job.wait()
+        if type(outcome) is not Outcome:
+            try:
+                value = self.engine.backend.adopt(outcome) if job.local else self.engine.upload(outcome)
+            except Exception as error:
+                outcome = Outcome(_error_kind(error), f"transfer from {job.source}: {error}")
+        if type(outcome) is Outcome:
+            self._poison((tid,), outcome.kind, outcome.message)
+            return
+        self.tensors[tid] = value
+        self.metas[tid] = job.meta
+
     # "op" messages of the right length go straight to _op; this entry sees malformed ones
     _HANDLERS = {"op": lambda self, body, *_: self._op(("op", *body)), "put": _put, "get": _get, "shape": _shape,
-                 "sync": _sync, "drop": _drop, "stats": _stats, "graph": _graph, "run": _run, "forget": _forget}
+                 "sync": _sync, "drop": _drop, "stats": _stats, "graph": _graph, "run": _run, "forget": _forget,
+                 "grant": _grant, "fetch": _fetch}
 
 
 class Registry:
@@ -672,8 +791,10 @@ class Host:
     sessions. :meth:`open` is the handshake, fed the first frame."""
 
     def __init__(self, devices: list[LocalDevice], token: str | None, limits: Limits, budget: Budget | None = None, *,
-                 authorize=None, max_sessions: int | None = None):
+                 authorize=None, max_sessions: int | None = None, transfers: Transfers | None = None):
         self.devices, self.token, self.limits = devices, token, limits
+        self.identity = uuid.uuid4().hex  # tells a client that two of its sessions are on this one peer
+        self.transfers = transfers if transfers is not None else Transfers()  # grants, for every session
         self.authorize = authorize or (single_token(token) if token else None)
         self.max_sessions = max_sessions
         self.registry = Registry()
@@ -722,7 +843,8 @@ class Host:
             return refuse("DeviceError", f"this peer hosts {len(self.devices)} device(s) "
                                          f"({', '.join(str(d) for d in self.devices)}); index {index!r} does not exist")
         hosted = self.devices[index]
-        session = Session(LocalEngine(hosted.engine.backend), self.limits, self.registry, pool or self.pool, self.budget)
+        session = Session(LocalEngine(hosted.engine.backend), self.limits, self.registry, pool or self.pool, self.budget,
+                          self.transfers, self.identity)
         with self.registry.lock:
             if self.max_sessions is not None and len(self.registry.sessions) >= self.max_sessions:
                 return refuse("PeerBusy", f"this peer is full: it serves at most {self.max_sessions} session(s) at "
@@ -730,7 +852,7 @@ class Host:
             self.registry.sessions.add(session)
             self.clients[session] = client
         info = {
-            "t": "info", "v": wire.VERSION, "session": uuid.uuid4().hex, "backend": self.backend_name,
+            "t": "info", "v": wire.VERSION, "session": session.id, "peer": self.identity, "backend": self.backend_name,
             "device": str(hosted), "devices": tuple(str(d) for d in self.devices), "device_count": len(self.devices),
             "dtypes": tuple(d.name for d in hosted.engine.backend.dtypes), "limits": self.limits.as_dict(),
         }
@@ -744,7 +866,62 @@ class Host:
         with self.registry.lock:
             self.registry.sessions.discard(session)
             self.clients.pop(session, None)
+        self.transfers.revoke(session)
         session.close()
+
+    # -- transfers (transfers.py): this peer as the source of a fetch --
+    def answer_fetch(self, frame: Frame, final: bool = True) -> tuple[list[Reply], Grant | None] | None:
+        """Another peer's ``fetch`` frame in (the first and only frame of its connection): the reply
+        frames — the granted tensor, or a refusal — and the grant to ``release`` once they are sent.
+        None while the capability is unknown and not ``final``: it may not be granted yet (the shell
+        waits for :attr:`transfers` to change, within its handshake deadline, and asks again). The
+        capability is the only credential: no token is asked for."""
+        header = frame.header
+
+        def refuse(kind: str, reason: str, **extra) -> tuple[list[Reply], None]:
+            return [({"t": "refuse", "kind": kind, "reason": reason, **extra}, [])], None
+
+        if header.get("v") != wire.VERSION:
+            return refuse("ProtocolError", f"protocol version {header.get('v')!r} is not supported: this peer speaks "
+                                           f"version {wire.VERSION}")
+        capability, session = header.get("capability"), header.get("session")
+        if type(capability) is not bytes or len(capability) != CAPABILITY_BYTES or type(session) is not str:
+            return refuse("AccessDenied", f"a fetch presents a capability ({CAPABILITY_BYTES} bytes) and a session")
+        outcome = self.transfers.claim(capability, session)
+        if outcome is None:
+            if not final:
+                return None
+            return refuse("AccessDenied", "unknown capability: this peer has not granted it (yet)", retry=True)
+        if isinstance(outcome, str):
+            return refuse("AccessDenied", outcome)
+        value = outcome.value
+        if type(value) is Poison:  # the source tensor failed: its error travels on
+            outcome.release()
+            return refuse(value.kind, value.message)
+        try:
+            host = outcome.download()
+        except Exception as error:
+            outcome.release()
+            return refuse(_error_kind(error), f"reading the granted tensor: {error}")
+        return [({"t": "tensor"}, [host])], outcome
+
+    def fetch_locally(self, job: Fetch, final: bool = True) -> bool:
+        """Perform ``job`` from this peer's own grants (its source is another session here): True once
+        it is over, False while the capability is unknown and not ``final`` (wait and ask again)."""
+        outcome = self.transfers.claim(job.capability, job.session)
+        if outcome is None:
+            if final:
+                job.fail("AccessDenied", "unknown capability: the peer has not granted it")
+            return final
+        if isinstance(outcome, str):
+            job.fail("AccessDenied", outcome)
+            return True
+        if type(outcome.value) is Poison:
+            job.fail(outcome.value.kind, outcome.value.message)
+        else:
+            job.deliver(outcome.value)  # the native array itself: the destination adopts it, no host copy
+        outcome.release()
+        return True
 
 
 def _redact(text: str, token) -> str:

@@ -1,0 +1,261 @@
+"""Direct transfers between compute peers, without I/O: capabilities, grants and fetches.
+
+``x.to_device(b)`` with ``x`` in session SA of peer A and ``b`` a device of peer B (session SB)
+moves the bytes from A to B, not through the client. The client draws a *capability* — 32
+random bytes — and sends two messages, neither awaited: ``grant`` to SA (tensor ``x`` may be
+read once with this capability, by session SB) and ``fetch`` to SB (fetch that tensor from A
+with it, as tensor ``y``). A's :class:`Transfers` table keeps the :class:`Grant`; B's session
+hands its shell a :class:`Fetch` to perform — connect to A, present the capability, receive one
+tensor — and reads the outcome when ``y`` is first used. Between two sessions of one peer the
+shell claims the grant from its own table instead: no network, no host round trip.
+
+A grant is single-use, bound to the fetching session's id and expires ``ttl`` seconds after A
+granted it (300 s by default). A used or expired capability is remembered for a while
+(:data:`LINGER`), so a late or repeated presentation is refused at once and named. These
+objects do no I/O; :mod:`ember.remote.server` performs fetches and answers them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from ..errors import EmberError
+from ..ops.table import Meta
+from ..wire import protocol as wire
+from ..wire.protocol import HANDSHAKE_LIMITS, Frame, Limits
+
+CAPABILITY_BYTES = 32     # a capability's random bytes (256 bits, as Burn's)
+TTL = 300.0               # seconds a grant stays valid (ember serve --transfer-ttl)
+LINGER = 60.0             # seconds a used or expired capability is remembered after its grant ended
+GRANTS_PER_SESSION = 1024  # grants a session may have pending at once
+FETCHES_PER_SESSION = 256  # fetches a session may have running at once (each is a thread of the shell)
+SCHEMES = ("ember", "ws", "embers", "wss")
+SETTLE_SECONDS = 600.0    # the longest a session waits for its shell to finish a fetch (a shell bounds its own I/O)
+
+
+class Outcome:
+    """What a failed transfer leaves in its tensor: an error kind (an ember exception's name) and
+    a message naming the transfer."""
+
+    __slots__ = ("kind", "message")
+
+    def __init__(self, kind: str, message: str):
+        self.kind, self.message = kind, message
+
+
+class Grant:
+    """A tensor session ``owner`` lets another session read once: the value (a native array, or the
+    failure that took its place), the session it is bound to, and when it expires. ``nbytes`` are
+    counted against the owner's quota until the grant ends."""
+
+    __slots__ = ("capability", "session", "value", "meta", "expires", "owner", "nbytes", "state", "ended")
+
+    def __init__(self, capability: bytes, session: str, value, meta: Meta | None, owner, nbytes: int):
+        self.capability, self.session, self.value, self.meta = capability, session, value, meta
+        self.owner, self.nbytes = owner, nbytes
+        self.expires = 0.0
+        self.state = "granted"   # granted → used | expired | revoked
+        self.ended = 0.0         # when it stopped being granted
+
+    def download(self):
+        """The granted value as a host NumPy array (on the thread answering the fetch)."""
+        return self.owner.engine.download(self.value)
+
+    def release(self) -> None:
+        """Let the value go and hand its bytes back to the owner's count (from any thread: the owner
+        takes them back when it handles its next frame)."""
+        self.value = None
+        nbytes, self.nbytes = self.nbytes, 0
+        if nbytes:
+            self.owner.ended.append(nbytes)
+
+
+class Transfers:
+    """A peer's table of grants, by capability, shared by all its sessions and the threads that
+    answer fetches (thread-safe). ``clock`` is ``time.monotonic`` unless a test replaces it."""
+
+    def __init__(self, ttl: float = TTL, clock=time.monotonic):
+        self.ttl, self.clock = ttl, clock
+        self.table: dict[bytes, Grant] = {}
+        self.pending: dict[object, int] = {}  # owner session -> its grants still granted
+        self.changed = threading.Condition()
+        self.generation = 0   # counts grants made, so a waiter misses none
+        self.closed = False
+
+    def grant(self, grant: Grant) -> str | None:
+        """Record ``grant``; None, or why it was refused (too many pending, a capability in use)."""
+        with self.changed:
+            now = self.clock()
+            self._purge(now)
+            if self.pending.get(grant.owner, 0) >= GRANTS_PER_SESSION:
+                return f"grant: {GRANTS_PER_SESSION} transfers of this session are pending already"
+            if grant.capability in self.table:
+                return "grant: this capability was granted already; draw a new one for each transfer"
+            grant.expires = now + self.ttl
+            self.table[grant.capability] = grant
+            self.pending[grant.owner] = self.pending.get(grant.owner, 0) + 1
+            self.generation += 1
+            self.changed.notify_all()
+        return None
+
+    def claim(self, capability: bytes, session: str) -> Grant | str | None:
+        """Take the grant of ``capability`` for ``session``: the grant (now used: the caller sends its
+        value, then calls ``release``), why it is refused, or None if it is unknown (not granted yet:
+        its owner may still be computing; see :meth:`wait`)."""
+        with self.changed:
+            now = self.clock()
+            self._purge(now)
+            grant = self.table.get(capability)
+            if grant is None:
+                return None
+            if grant.state == "used":
+                return "the capability was used already: each one authorizes a single read"
+            if grant.state == "expired":
+                return f"the capability expired ({self.ttl:g} s after it was granted)"
+            if grant.state == "revoked":
+                return "the capability was revoked: the session that granted it has closed"
+            if grant.session != session:
+                return "the capability was granted to another session"
+            self._end(grant, "used", now)
+            return grant
+
+    def wait(self, generation: int, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a grant made after ``generation`` (read before a claim)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.generation != generation or self.closed, max(timeout, 0.0))
+
+    def revoke(self, owner) -> None:
+        """End every pending grant of session ``owner`` (it closed): their values are let go."""
+        with self.changed:
+            now = self.clock()
+            for grant in self.table.values():
+                if grant.owner is owner and grant.state == "granted":
+                    self._end(grant, "revoked", now)
+                    grant.release()
+
+    def close(self) -> None:
+        """Wake every waiter (the peer is stopping)."""
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
+
+    def _end(self, grant: Grant, state: str, now: float) -> None:
+        grant.state, grant.ended = state, now
+        left = self.pending.get(grant.owner, 1) - 1
+        if left:
+            self.pending[grant.owner] = left
+        else:
+            self.pending.pop(grant.owner, None)
+
+    def _purge(self, now: float) -> None:
+        """Expire grants past their time (letting their values go) and forget ended ones after LINGER."""
+        if not self.table:
+            return
+        gone = []
+        for capability, grant in self.table.items():
+            if grant.state == "granted" and now >= grant.expires:
+                self._end(grant, "expired", now)
+                grant.release()
+            elif grant.state != "granted" and now - grant.ended > LINGER:
+                gone.append(capability)
+        for capability in gone:
+            del self.table[capability]
+
+    def purge(self) -> None:
+        """Expire what is due now (a session calls it before each frame while it has grants pending)."""
+        with self.changed:
+            self._purge(self.clock())
+
+
+class Fetch:
+    """A tensor a session fetches from a peer with a capability: the effect its shell performs.
+
+    The shell either connects to ``source`` (``scheme://host:port``), sends :meth:`request`,
+    receives one frame within :meth:`reply_limits` and hands it to :meth:`receive` — or, when
+    ``local`` (the source is a session of this very peer), claims the grant from its own
+    :class:`Transfers` and calls :meth:`deliver`. Any failure goes to :meth:`fail`. The session
+    reads the outcome with :meth:`wait` when the tensor is first used.
+    """
+
+    def __init__(self, tid: int, meta: Meta, scheme: str, host: str, port: int, capability: bytes, session: str,
+                 local: bool):
+        self.tid, self.meta = tid, meta
+        self.scheme, self.host, self.port = scheme, host, port
+        self.capability, self.session, self.local = capability, session, local
+        self.value = None   # the host array (or, local, the native array) once done
+        self.error: Outcome | None = None
+        self.done = threading.Event()
+
+    @property
+    def source(self) -> str:
+        """The peer it fetches from, as ``scheme://host:port``."""
+        return f"{self.scheme}://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
+
+    def request(self) -> dict:
+        """The first and only frame sent to the source peer."""
+        return {"t": "fetch", "v": wire.VERSION, "capability": self.capability, "session": self.session}
+
+    def reply_limits(self) -> Limits:
+        """What the source's answer may be: a small header and exactly this tensor's bytes."""
+        nbytes = math.prod(self.meta.shape) * self.meta.dtype.itemsize
+        small = HANDSHAKE_LIMITS.max_header_bytes
+        return Limits(max_header_bytes=small, max_tensor_bytes=nbytes, max_frame_bytes=nbytes + small)
+
+    def receive(self, frame: Frame, final: bool = True) -> bool:
+        """The source's answer; True once the fetch is over, False when the source has not seen the
+        grant yet and the shell should ask again (unless ``final``: then that refusal stands)."""
+        header = frame.header
+        kind = header.get("t")
+        if kind == "tensor":
+            segments = frame.segments
+            expected = (self.meta.dtype.name, tuple(self.meta.shape))
+            if len(segments) != 1 or segments[0] is None or wire.segment_descriptor(segments[0]) != expected:
+                self.fail("ProtocolError", f"the source sent {_describe(segments)}, not the {self.meta.dtype} tensor "
+                                           f"of shape {self.meta.shape} it granted")
+            else:
+                self._finish(segments[0])
+            return True
+        if kind == "refuse":
+            if header.get("retry") is True and not final:
+                return False
+            reason = header.get("reason")
+            self.fail(header.get("kind"), reason if isinstance(reason, str) else "refused")
+            return True
+        self.fail("ProtocolError", f"unexpected answer {kind!r:.40} from the source")
+        return True
+
+    def deliver(self, value) -> None:
+        """The granted native array, claimed from this peer's own table (a local fetch)."""
+        self._finish(value)
+
+    def fail(self, kind, message: str) -> None:
+        """End the fetch with an error of ``kind`` (an ember exception's name)."""
+        if not (isinstance(kind, str) and kind in wire.ERROR_KINDS):
+            kind = "ExecutionError"
+        self.error = Outcome(kind, f"transfer from {self.source}: {message[:1000]}")
+        self.done.set()
+
+    def fail_with(self, error: Exception) -> None:
+        """End the fetch with ``error`` (a connection lost, a TLS failure …)."""
+        kind = next((c.__name__ for c in type(error).__mro__ if c.__name__ in wire.ERROR_KINDS), "EmberError")
+        self.fail(kind if isinstance(error, EmberError) else "ConnectionLost", str(error))
+
+    def _finish(self, value) -> None:
+        if not self.done.is_set():
+            self.value = value
+            self.done.set()
+
+    def wait(self, timeout: float = SETTLE_SECONDS):
+        """The outcome: the value, or an :class:`Outcome` naming the failure (also when the shell
+        did not finish within ``timeout`` seconds)."""
+        if not self.done.wait(timeout):
+            return Outcome("ConnectionLost", f"transfer from {self.source}: not done after {timeout:g} s")
+        return self.error if self.error is not None else self.value
+
+
+def _describe(segments) -> str:
+    if len(segments) != 1 or segments[0] is None:
+        return f"{len(segments)} tensors"
+    return f"a {segments[0].dtype} tensor of shape {tuple(segments[0].shape)}"
