@@ -95,17 +95,20 @@ def run_group(checkout: Path, modules: list[str], tests: list[str], children: in
             output = "\n".join(line for line in ran.stdout.replace("\r", "\n").splitlines() if "Running" not in line)
             raise SystemExit(f"mutmut failed:\n{output[-3000:]}")
         counts: dict = collections.defaultdict(collections.Counter)
-        survivors, untested = {}, {}  # name -> diff
+        # name -> diff; a timeout counts as caught, but on a loaded machine a surviving mutant can time out too,
+        # so --recheck judges timeouts again as well
+        kept = {"survived": {}, "no tests": {}, "timeout": {}}
         for line in listing.splitlines():
             match = STATUS.match(line)
             if match:
                 status = match.group(2).strip()
                 counts[match.group(1)][status] += 1
-                if status in ("survived", "no tests"):
+                if status in kept:
                     name = line.strip().rsplit(":", 1)[0]
-                    (survivors if status == "survived" else untested)[name] = subprocess.run(
-                        [*mutmut, "show", name], cwd=work, env=env, capture_output=True, text=True).stdout
-    return {"counts": {m: dict(c) for m, c in counts.items()}, "survivors": survivors, "untested": untested}
+                    kept[status][name] = subprocess.run([*mutmut, "show", name], cwd=work, env=env,
+                                                        capture_output=True, text=True).stdout
+    return {"counts": {m: dict(c) for m, c in counts.items()}, "survivors": kept["survived"],
+            "untested": kept["no tests"], "timeouts": kept["timeout"]}
 
 
 def recheck(checkout: Path, survivors: dict, tests: list[str]) -> dict:
@@ -156,14 +159,15 @@ def main(argv=None) -> int:
     parser.add_argument("--tests", nargs="+", help="with --modules: the test files that judge them")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--json", metavar="FILE", help="also write the figures and survivors as JSON")
-    parser.add_argument("--recheck", metavar="FILE", help="judge the survivors and untested mutants in FILE (a --json "
+    parser.add_argument("--recheck", metavar="FILE", help="judge the survivors, untested and timed-out mutants in FILE (a --json "
                         "report) again without mutmut, by the tests that cannot run under it (or --tests); --only picks some")
     parser.add_argument("--only", metavar="TEXT", default="", help="with --recheck: survivors whose name contains TEXT")
     args = parser.parse_args(argv)
     if args.recheck:
         report = json.loads(Path(args.recheck).read_text())
         survivors = {name: diff for group in report.values()
-                     for name, diff in [*group["survivors"].items(), *group.get("untested", {}).items()] if args.only in name}
+                     for name, diff in [*group["survivors"].items(), *group.get("untested", {}).items(),
+                                        *group.get("timeouts", {}).items()] if args.only in name}
         verdicts = recheck(args.checkout, survivors, args.tests or TRAMPOLINE_SHY)
         for name, verdict in verdicts.items():
             print(f"{verdict:<12}{name}")
