@@ -63,6 +63,7 @@ TRAMPOLINE_SHY = ["tests/test_session.py::test_buffer_pool_reuses_only_unshared_
 LEFT_OUT += [f"--deselect={test}" for test in TRAMPOLINE_SHY]
 LEFT_BEHIND = shutil.ignore_patterns(".git", ".venv", "venv", "mutants", "build", "dist", "*.egg-info", "__pycache__",
                                      ".hypothesis")
+RECHECK_SECONDS = 900  # a plain test run of a mutant that takes longer hangs
 STATUS = re.compile(r"^\s*(ember\.[\w.]+?)\.x[_ǁ]\S*__mutmut_\d+: (.+)$")  # module, status
 
 
@@ -137,10 +138,14 @@ def recheck(checkout: Path, survivors: dict, tests: list[str]) -> dict:
                 verdicts[name] = "not applied"
                 continue
             path.write_text(source.replace(old, new))
-            ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
-                                 cwd=work, env=env, capture_output=True)
-            path.write_text(source)
-            verdicts[name] = "survived" if ran.returncode == 0 else "killed"
+            try:
+                ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                                     cwd=work, env=env, capture_output=True, timeout=RECHECK_SECONDS)
+                verdicts[name] = "survived" if ran.returncode == 0 else "killed"
+            except subprocess.TimeoutExpired:  # a hang the tests would also hit: caught
+                verdicts[name] = "timeout"
+            finally:
+                path.write_text(source)
     return verdicts
 
 
