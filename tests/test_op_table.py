@@ -100,6 +100,8 @@ NUMPY_CREATION = {
     "linspace": lambda a, dtype: np.linspace(a["start"], a["stop"], a["num"], endpoint=a["endpoint"], dtype=dtype),
     "eye": lambda a, dtype: np.eye(a["n_rows"], a["n_cols"], k=a["k"], dtype=dtype),
     "full": lambda a, dtype: np.full(a["shape"], a["fill_value"], dtype=dtype),
+    "fftfreq": lambda a, dtype: np.fft.fftfreq(a["n"], a["d"]).astype(dtype or np.float64),
+    "rfftfreq": lambda a, dtype: np.fft.rfftfreq(a["n"], a["d"]).astype(dtype or np.float64),
 }
 
 

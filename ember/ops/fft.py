@@ -52,9 +52,9 @@ def _many_axes(kind):
         require(x.dtype, category)
         if axes is None:
             axes = tuple(range(x.ndim)) if s is None else tuple(range(x.ndim - len(s), x.ndim))
-        axes = tuple(normalize_axis(a, x.ndim) for a in axes)
+        given, axes = axes, tuple(normalize_axis(a, x.ndim) for a in axes)
         if len(set(axes)) != len(axes):
-            raise ArgumentError(f"repeated axis in {axes!r}")
+            raise ArgumentError(f"axes {given!r} name an axis of shape {fmt_shape(x.shape)} twice")
         if s is None:
             last = _DEFAULT_N.get(kind[:-1], lambda m: m)
             s = tuple(x.shape[a] for a in axes[:-1]) + ((last(x.shape[axes[-1]]),) if axes else ())

@@ -16,21 +16,37 @@ def _transform_examples(kind):
     def recipe(g):
         shape = g.shape(min_dims=1, min_side=2 if kind in ("irfft", "hfft", "irfftn") else 1)
         x = g.array(shape, g.dtype(category), low=-3, high=3)
-        if kind.endswith("n"):
-            return (x,), {"s": None, "axes": None, "norm": g.choice(_NORMS)}
+        if kind.endswith("n"):  # all axes, or some in any order; lengths of their own or given
+            axes = None if g.flag() else tuple(g.permutation(range(len(shape))))[:g.integer(1, len(shape))]
+            lengths = None if g.flag() else tuple(g.integer(2, 5) for _ in (axes if axes is not None else shape))
+            return (x,), {"s": lengths, "axes": axes, "norm": g.choice(_NORMS)}
         axis = g.integer(-len(shape), len(shape) - 1)
         return (x,), {"n": g.choice([None, g.integer(1, 6)]), "axis": axis, "norm": g.choice(_NORMS)}
     return recipe
 
 
+def _bad(shape, attrs, error, complex_input=False):
+    """A recipe for one fixed refusal of a transform."""
+    return lambda g: ((g.array(shape, dt.complex128 if complex_input else dt.float64),), attrs, error)
+
+
 for _kind in _KINDS:
     EXAMPLES[_kind] = _transform_examples(_kind)
-    BAD_EXAMPLES[_kind] = lambda g: ((g.array((), dt.float64),), {"n": None, "axis": -1, "norm": "backward"}, ShapeError)
+    one = {"n": None, "axis": -1, "norm": "backward"}
+    takes_complex = _KINDS[_kind][0] == "complex floating"
+    BAD_EXAMPLES[_kind] = [_bad((), one, ShapeError, takes_complex), _bad((4,), {**one, "n": 0}, ArgumentError, takes_complex),
+                           _bad((4,), {**one, "norm": "unitary"}, ArgumentError, takes_complex)]
     if _kind in ("fft", "ifft", "rfft", "irfft"):
         EXAMPLES[_kind + "n"] = _transform_examples(_kind + "n")
+        many = {"s": None, "axes": None, "norm": "backward"}
+        BAD_EXAMPLES[_kind + "n"] = [_bad((2, 3), {**many, "axes": (0, -2)}, ArgumentError, takes_complex),
+                                     _bad((2, 3), {**many, "s": (2, 2), "axes": (1,)}, ArgumentError, takes_complex),
+                                     _bad((2, 3), {**many, "s": (0, 2)}, ArgumentError, takes_complex),
+                                     _bad((2, 3), {**many, "norm": "unitary"}, ArgumentError, takes_complex)]
 
 for _name in ("fftfreq", "rfftfreq"):
-    EXAMPLES[_name] = lambda g: ((), {"n": g.integer(1, 8), "d": g.choice([1.0, 0.5]), "dtype": g.dtype("real floating")})
+    EXAMPLES[_name] = lambda g: ((), {"n": g.integer(1, 8), "d": g.choice([1.0, 0.5]),
+                                      "dtype": g.choice([None, g.dtype("real floating")])})
     BAD_EXAMPLES[_name] = lambda g: ((), {"n": 0, "d": 1.0, "dtype": None}, ArgumentError)
 
 for _name in ("fftshift", "ifftshift"):
