@@ -147,7 +147,8 @@ def _layer_norm_meta(x, *affine, normalized_shape, eps):
     if not k or x.shape[x.ndim - k:] != normalized_shape:
         raise ShapeError(f"normalized_shape {fmt_shape(normalized_shape)} must end the input's shape {fmt_shape(x.shape)}")
     if len(affine) not in (0, 2) or any(a.shape != normalized_shape for a in affine):
-        raise ShapeError(f"weight and bias must both be given, shaped {fmt_shape(normalized_shape)}")
+        raise ShapeError(f"weight and bias must both be given, shaped {fmt_shape(normalized_shape)}, got "
+                         f"{', '.join(fmt_shape(a.shape) for a in affine)} (input {fmt_shape(x.shape)})")
     return Meta(x.shape, x.dtype)
 
 
@@ -187,7 +188,8 @@ def _embedding_meta(indices, weight):
     require(indices.dtype, "integral", "indices")
     require(weight.dtype, FLOAT, "weight")
     if weight.ndim != 2:
-        raise ShapeError(f"weight must be (num_embeddings, dim), got {fmt_shape(weight.shape)}")
+        raise ShapeError(f"weight must be (num_embeddings, dim), got {fmt_shape(weight.shape)} "
+                         f"(indices {fmt_shape(indices.shape)})")
     return Meta(indices.shape + weight.shape[1:], weight.dtype)
 
 
@@ -370,7 +372,8 @@ def _attention_meta(q, k, v, *mask, is_causal, scale):
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
         raise ShapeError(f"q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)} and v {fmt_shape(v.shape)} do not fit together")
     if mask and mask[0].shape[-2:] != (q.shape[-2], k.shape[-2]):
-        raise ShapeError(f"mask must end with ({q.shape[-2]}, {k.shape[-2]}), got {fmt_shape(mask[0].shape)}")
+        raise ShapeError(f"mask must end with ({q.shape[-2]}, {k.shape[-2]}) for q {fmt_shape(q.shape)}, k "
+                         f"{fmt_shape(k.shape)} and v {fmt_shape(v.shape)}, got {fmt_shape(mask[0].shape)}")
     return Meta(q.shape[:-1] + v.shape[-1:], q.dtype)
 
 

@@ -138,19 +138,51 @@ EXAMPLES.update({
     "scaled_dot_product_attention": _attention_examples,
 })
 
-_POOL_TOO_SMALL = lambda g: ((g.array((1, 1, 2, 2), dt.float64),), {"kernel_size": 3, "stride": None, "padding": 0}, ShapeError)
+def _bad(shapes, attrs, error, dtypes=()):
+    """A recipe for one fixed refusal: arrays of the given shapes (float64 unless ``dtypes`` says)."""
+    def recipe(g):
+        kinds = list(dtypes) + [dt.float64] * (len(shapes) - len(dtypes))
+        return tuple(g.array(shape, dtype, low=0, high=1) for shape, dtype in zip(shapes, kinds)), attrs, error
+    return recipe
+
+
+_CONV = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+_POOL = {"kernel_size": 2, "stride": None, "padding": 0}
+_POOL_REFUSALS = [_bad([(1, 1, 2, 2)], {**_POOL, "kernel_size": 3}, ShapeError),
+                  _bad([(1, 2, 2)], _POOL, ShapeError),
+                  _bad([(1, 1, 4, 4)], {**_POOL, "kernel_size": 0}, ArgumentError),
+                  _bad([(1, 1, 4, 4)], {**_POOL, "stride": (1, 0)}, ArgumentError),
+                  _bad([(1, 1, 4, 4)], {**_POOL, "padding": 2}, ArgumentError),
+                  _bad([(1, 1, 4, 4)], {**_POOL, "kernel_size": (2, 2, 2)}, ArgumentError)]
+_ATTENTION = {"is_causal": False, "scale": None}
 
 BAD_EXAMPLES.update({
-    "cross_entropy": lambda g: ((g.array((3, 2), dt.float64), g.array((4,), dt.int64, low=0, high=1)),
-                                {"reduction": "mean"}, ShapeError),
-    "mse_loss": lambda g: ((g.array((3,), dt.float64), g.array((4,), dt.float64)), {"reduction": "mean"}, ShapeError),
-    "linear": lambda g: ((g.array((2, 3), dt.float64), g.array((4, 2), dt.float64)), {}, ShapeError),
-    "layer_norm": lambda g: ((g.array((2, 3), dt.float64),), {"normalized_shape": (4,), "eps": 1e-5}, ShapeError),
-    "dropout_mask": lambda g: ((), {"shape": (3,), "p": 1.5, "seed": 0}, ArgumentError),
-    "embedding": lambda g: ((g.array((2,), dt.float64), g.array((3, 2), dt.float64)), {}, DTypeError),
-    "conv2d": lambda g: ((g.array((1, 3, 4, 4), dt.float64), g.array((2, 2, 3, 3), dt.float64)), {}, ShapeError),
-    "max_pool2d": _POOL_TOO_SMALL,
-    "avg_pool2d": _POOL_TOO_SMALL,
-    "scaled_dot_product_attention": lambda g: ((g.array((2, 3), dt.float64), g.array((2, 4), dt.float64),
-                                                g.array((2, 4), dt.float64)), {}, ShapeError),
+    "cross_entropy": [_bad([(3, 2), (4,)], {"reduction": "mean"}, ShapeError, [dt.float64, dt.int64]),
+                      _bad([(3, 2, 1), (3,)], {"reduction": "mean"}, ShapeError, [dt.float64, dt.int64]),
+                      _bad([(3, 2), (3,)], {"reduction": "avg"}, ArgumentError, [dt.float64, dt.int64])],
+    "mse_loss": [_bad([(3,), (4,)], {"reduction": "mean"}, ShapeError),
+                 _bad([(3,), (3,)], {"reduction": "avg"}, ArgumentError)],
+    "linear": [_bad([(2, 3), (4, 2)], {}, ShapeError), _bad([(2, 3), (4, 3), (5,)], {}, ShapeError),
+               _bad([(2, 3), (3,)], {}, ShapeError)],
+    "layer_norm": [_bad([(2, 3)], {"normalized_shape": (4,), "eps": 1e-5}, ShapeError),
+                   _bad([(2, 3)], {"normalized_shape": (), "eps": 1e-5}, ShapeError),
+                   _bad([(2, 3), (3,)], {"normalized_shape": (3,), "eps": 1e-5}, ShapeError),
+                   _bad([(2, 3), (3,), (2,)], {"normalized_shape": (3,), "eps": 1e-5}, ShapeError)],
+    "dropout_mask": [lambda g, p=p: ((), {"shape": (3,), "p": p, "seed": 0}, ArgumentError) for p in (1.5, 1.0, -0.1)],
+    "embedding": [_bad([(2,), (3, 2)], {}, DTypeError), _bad([(2,), (3, 2)], {}, DTypeError, [dt.int64, dt.int64]),
+                  _bad([(2,), (3, 2, 2)], {}, ShapeError, [dt.int64])],
+    "conv2d": [_bad([(1, 3, 4, 4), (2, 2, 3, 3)], _CONV, ShapeError),
+               _bad([(3, 4, 4), (2, 3, 3, 3)], _CONV, ShapeError),
+               _bad([(1, 3, 4, 4), (2, 3, 3, 3), (3,)], _CONV, ShapeError),
+               _bad([(1, 3, 2, 4), (2, 3, 3, 3)], _CONV, ShapeError),
+               _bad([(1, 3, 4, 2), (2, 3, 3, 3)], _CONV, ShapeError),
+               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "stride": 0}, ArgumentError),
+               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "padding": (0, -1)}, ArgumentError),
+               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "dilation": "2"}, ArgumentError)],
+    "max_pool2d": _POOL_REFUSALS,
+    "avg_pool2d": _POOL_REFUSALS,
+    "scaled_dot_product_attention": [_bad([(2, 3), (2, 4), (2, 4)], _ATTENTION, ShapeError),
+                                     _bad([(3,), (2, 3), (2, 3)], _ATTENTION, ShapeError),
+                                     _bad([(2, 3), (4, 3), (5, 2)], _ATTENTION, ShapeError),
+                                     _bad([(2, 3), (4, 3), (4, 2), (4, 2)], _ATTENTION, ShapeError)],
 })
