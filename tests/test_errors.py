@@ -30,6 +30,12 @@ def test_error_tree():
     (lambda: em.sum([1, 2]), TypeError, r"^sum: expected an ember array, got list \(convert it with ember.asarray\)"),
     (lambda: em.max(em.ones((0, 3)), axis=0), ValueError, r"^max: cannot reduce over a zero-size axis"),
     (lambda: em.linalg.inv(em.zeros((2, 2))), RuntimeError, r"^inv: Singular matrix \(inputs: \(2, 2\) float64\)"),
+    # refusals whose message is a plain sentence, word for word
+    (lambda: em.concat([]), ValueError, r"^concat: needs at least one array$"),
+    (lambda: em.stack([]), ValueError, r"^stack: needs at least one array$"),
+    (lambda: em.arange(0, "5"), ValueError, r"^arange: stop must be a real Python number, got '5'$"),
+    (lambda: em.linspace(0, [1], 3), ValueError, r"^linspace: stop must be a Python number, got \[1\]$"),
+    (lambda: em.linspace(0, 1, 2.5), ValueError, r"^linspace: num must be an int, got 2.5$"),
 ])
 def test_bad_input_is_typed_and_named(call, kind, message):
     survivor = em.asarray([1.0, 2.0])

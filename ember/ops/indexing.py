@@ -38,7 +38,8 @@ def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
     """The shape of ``x[key]`` for ``x`` of ``shape``; ``None`` marks a boolean-mask length."""
     ndim = len(shape)
     if sum(1 for item in key if item == ELLIPSIS and type(item) is not tuple) > 1:
-        raise IndexingError("an index can only have a single ellipsis ('...')")
+        raise IndexingError(f"an index can only have a single ellipsis ('...'), got {key!r:.200} (indexing shape "
+                            f"{fmt_shape(shape)})")
     consumed = 0
     for item in key:
         if type(item) is tuple and item[0] == "a":
@@ -59,7 +60,7 @@ def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
         elif type(item) is tuple and item[0] == "s":
             _, start, stop, step = item
             if step == 0:
-                raise IndexingError("slice step cannot be zero")
+                raise IndexingError(f"slice step cannot be zero (indexing shape {fmt_shape(shape)})")
             out.append(_slice_length(shape[dim], start, stop, step))
             dim += 1
         elif type(item) is tuple:
@@ -74,7 +75,8 @@ def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
                 dim += index.ndim
             else:
                 if not dt.in_category(index.dtype, "integral"):
-                    raise IndexingError(f"index arrays must be integer or boolean, got {index.dtype}")
+                    raise IndexingError(f"index arrays must be integer or boolean, got {index.dtype} (indexing shape "
+                                        f"{fmt_shape(shape)})")
                 advanced.append(index.shape)
                 dim += 1
             advanced_at.append(len(out))
@@ -97,7 +99,8 @@ def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
         broadcast = broadcast_shapes(*advanced)
     except ShapeError:
         shapes = ", ".join(fmt_shape(s) for s in advanced)
-        raise IndexingError(f"index arrays of shapes {shapes} cannot be broadcast together") from None
+        raise IndexingError(f"index arrays of shapes {shapes} cannot be broadcast together (indexing shape "
+                            f"{fmt_shape(shape)})") from None
     at = advanced_at[0] if _adjacent(key) else 0
     return tuple(out[:at]) + broadcast + tuple(out[at:])
 
@@ -154,7 +157,7 @@ define(Op("setitem", ("x", "value", "*indices"), {"key": ()}, _setitem_meta, fam
 def _take_meta(x, indices, axis):
     require(indices.dtype, "integral", "indices")
     if indices.ndim != 1:
-        raise ShapeError(f"indices must be 1-d, got shape {fmt_shape(indices.shape)}")
+        raise ShapeError(f"indices must be 1-d, got shape {fmt_shape(indices.shape)} (x {fmt_shape(x.shape)})")
     if axis is None:
         if x.ndim != 1:
             raise ArgumentError(f"axis must be given for an input of shape {fmt_shape(x.shape)} (not 1-d)")

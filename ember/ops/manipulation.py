@@ -60,7 +60,7 @@ def _concat_meta(*arrays, axis):
         return Meta((sum(math.prod(a.shape) for a in arrays),), dtype)
     first = arrays[0]
     if first.ndim == 0:
-        raise ShapeError("cannot concatenate 0-d arrays")
+        raise ShapeError(f"cannot concatenate 0-d arrays, got shapes {', '.join(fmt_shape(a.shape) for a in arrays)}")
     axis = normalize_axis(axis, first.ndim)
     for a in arrays[1:]:
         if a.ndim != first.ndim or any(s != t for i, (s, t) in enumerate(zip(a.shape, first.shape)) if i != axis):
@@ -171,7 +171,8 @@ def _repeat_meta(x, repeats, axis):
     size = math.prod(x.shape) if axis is None else x.shape[axis]
     if isinstance(repeats, tuple):
         if len(repeats) not in (1, size):
-            raise ShapeError(f"{len(repeats)} repeats do not match {size} elements")
+            raise ShapeError(f"{len(repeats)} repeats do not match the {size} elements of shape {fmt_shape(x.shape)} "
+                             f"along axis {axis}")
         if any(r < 0 for r in repeats):
             raise ArgumentError(f"repeats must be non-negative, got {repeats!r}")
         total = sum(repeats) if len(repeats) == size else repeats[0] * size
@@ -288,7 +289,7 @@ define(Op("tile", ("x",), {"repetitions": REQUIRED}, _tile_meta,
 
 def _unstack_meta(x, axis):
     if x.ndim == 0:
-        raise ShapeError("cannot unstack a 0-d array")
+        raise ShapeError(f"cannot unstack a 0-d array, got shape {fmt_shape(x.shape)}")
     rest = x.shape[:axis] + x.shape[axis + 1:]
     return tuple(Meta(rest, x.dtype) for _ in range(x.shape[axis]))
 

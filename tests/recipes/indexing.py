@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ember import dtypes as dt
-from ember.errors import IndexingError, ShapeError
+from ember.errors import ArgumentError, DTypeError, IndexingError, ShapeError
 from ember.ops.indexing import ELLIPSIS
 
 
@@ -53,12 +53,33 @@ EXAMPLES = {
     "scatter_add": _scatter_add_examples,
 }
 
+def _bad(shapes, attrs, error, dtypes=()):
+    """A recipe for one fixed refusal: arrays of the given shapes (float64 unless ``dtypes`` says)."""
+    def recipe(g):
+        kinds = list(dtypes) + [dt.float64] * (len(shapes) - len(dtypes))
+        return tuple(g.array(shape, dtype, low=0, high=1) for shape, dtype in zip(shapes, kinds)), attrs, error
+    return recipe
+
+
 BAD_EXAMPLES = {
-    "getitem": lambda g: ((g.array((2, 3), g.dtype("any")),), {"key": (5,)}, IndexingError),
+    "getitem": [_bad([(2, 3)], {"key": (5,)}, IndexingError), _bad([(2, 3)], {"key": (0, -4)}, IndexingError),
+                _bad([(2, 3)], {"key": (ELLIPSIS, 0, ELLIPSIS)}, IndexingError),
+                _bad([(2, 3)], {"key": (0, 0, 0)}, IndexingError),
+                _bad([(2, 3)], {"key": (("s", None, None, 0),)}, IndexingError),
+                _bad([(2, 3), (3,)], {"key": (("a", 0),)}, IndexingError, [dt.float64, dt.bool_]),
+                _bad([(2, 3), (2,)], {"key": (("a", 0),)}, IndexingError, [dt.float64, dt.float32]),
+                _bad([(2, 3), (2,), (3,)], {"key": (("a", 0), ("a", 1))}, IndexingError,
+                     [dt.float64, dt.int64, dt.int64])],
     "setitem": lambda g: ((g.array((2, 3), dt.float64), g.array((4,), dt.float64)), {"key": (0,)}, ShapeError),
-    "take": lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": 2}, IndexError),
-    "take_along_axis": lambda g: ((g.array((2, 3), dt.float32), g.array((2,), dt.int64, low=0, high=1)), {"axis": -1},
-                                  ShapeError),
-    "scatter_add": lambda g: ((g.array((3,), dt.float64), g.array((2,), dt.int64, low=0, high=2),
-                               g.array((3,), dt.float64)), {}, ShapeError),
+    "take": [_bad([(2, 3), (2,)], {"axis": 2}, IndexError, [dt.float32, dt.int64]),
+             _bad([(2, 3), (2, 1)], {"axis": 0}, ShapeError, [dt.float32, dt.int64]),
+             _bad([(2, 3), (2,)], {"axis": None}, ArgumentError, [dt.float32, dt.int64]),
+             _bad([(2, 3), (2,)], {"axis": 0}, DTypeError, [dt.float32, dt.float32])],
+    "take_along_axis": [_bad([(2, 3), (2,)], {"axis": -1}, ShapeError, [dt.float32, dt.int64]),
+                        _bad([(2, 3), (3, 1)], {"axis": -1}, ShapeError, [dt.float32, dt.int64]),
+                        _bad([(2, 3), (2, 1)], {"axis": 2}, IndexError, [dt.float32, dt.int64])],
+    "scatter_add": [_bad([(3,), (2,), (3,)], {}, ShapeError, [dt.float64, dt.int64]),
+                    _bad([(3, 1), (2,), (2,)], {}, ShapeError, [dt.float64, dt.int64]),
+                    _bad([(3,), (2,), (2,)], {}, DTypeError, [dt.float64, dt.float64]),
+                    _bad([(3,), (2,), (2,)], {}, DTypeError, [dt.float64, dt.int64, dt.float32])],
 }

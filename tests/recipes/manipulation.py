@@ -114,18 +114,35 @@ EXAMPLES = {
     "unstack": _unstack_examples,
 }
 
+def _bad(shapes, attrs, error):
+    """A recipe for one fixed refusal: int64 arrays of the given shapes."""
+    return lambda g: (tuple(g.array(shape, dt.int64) for shape in shapes), attrs, error)
+
+
 BAD_EXAMPLES = {
-    "broadcast_to": lambda g: ((g.array((3,), g.dtype("any")),), {"shape": (2,)}, ShapeError),
-    "concat": lambda g: ((g.array((2, 3), dt.float64), g.array((2, 4), dt.float64)), {"axis": 0}, ShapeError),
-    "stack": lambda g: ((g.array((2,), dt.int32), g.array((3,), dt.int32)), {"axis": 0}, ShapeError),
-    "expand_dims": lambda g: ((g.array((2,), dt.int64),), {"axis": 3}, AxisError),
+    "astype": _bad([(2,)], {"dtype": "float32", "copy": True}, ArgumentError),
+    "broadcast_to": [_bad([(3,)], {"shape": (2,)}, ShapeError), _bad([(1, 3)], {"shape": (3,)}, ShapeError)],
+    "concat": [_bad([(2, 3), (2, 4)], {"axis": 0}, ShapeError), _bad([(2, 3), (2,)], {"axis": 1}, ShapeError),
+               _bad([(), ()], {"axis": 0}, ShapeError), _bad([(2, 3), (2, 3)], {"axis": 2}, AxisError)],
+    "stack": [_bad([(2,), (3,)], {"axis": 0}, ShapeError), _bad([(2,), (2,)], {"axis": 2}, AxisError)],
+    "expand_dims": _bad([(2,)], {"axis": 3}, AxisError),
     "flip": samples.bad_axis("any"),
-    "moveaxis": lambda g: ((g.array((2, 3), dt.int64),), {"source": 2, "destination": 0}, AxisError),
-    "permute_dims": lambda g: ((g.array((2, 3), dt.int64),), {"axes": (0, 0)}, AxisError),
-    "repeat": lambda g: ((g.array((2, 3), dt.int64),), {"repeats": -1, "axis": 0}, ArgumentError),
-    "reshape": lambda g: ((g.array((2, 3), dt.int64),), {"shape": (4,), "copy": None}, ShapeError),
-    "roll": lambda g: ((g.array((2, 3), dt.int64),), {"shift": 1, "axis": 2}, AxisError),
-    "squeeze": lambda g: ((g.array((2, 3), dt.int64),), {"axis": 0}, ShapeError),
-    "tile": lambda g: ((g.array((2,), dt.int64),), {"repetitions": (-1,)}, ArgumentError),
-    "unstack": samples.bad_axis("any"),
+    "moveaxis": [_bad([(2, 3)], {"source": 2, "destination": 0}, AxisError),
+                 _bad([(2, 3)], {"source": 0, "destination": -3}, AxisError),
+                 _bad([(2, 3)], {"source": (0, 1), "destination": 0}, ArgumentError),
+                 _bad([(2, 3)], {"source": (0, 0), "destination": (0, 1)}, AxisError),
+                 _bad([(2, 3)], {"source": (0, 1), "destination": (1, 1)}, AxisError)],
+    "permute_dims": [_bad([(2, 3)], {"axes": (0, 0)}, AxisError), _bad([(2, 3)], {"axes": (0,)}, AxisError)],
+    "repeat": [_bad([(2, 3)], {"repeats": -1, "axis": 0}, ArgumentError),
+               _bad([(2, 3)], {"repeats": (1, -1), "axis": 0}, ArgumentError),
+               _bad([(2, 3)], {"repeats": (1, 2), "axis": 1}, ShapeError)],
+    "reshape": [_bad([(2, 3)], {"shape": (4,), "copy": None}, ShapeError),
+                _bad([(2, 3)], {"shape": (-1, -1), "copy": None}, ShapeError),
+                _bad([(2, 3)], {"shape": (4, -1), "copy": None}, ShapeError),
+                _bad([(2, 3)], {"shape": (0, -1), "copy": None}, ShapeError),
+                _bad([(2, 3)], {"shape": (-2, 3), "copy": None}, ShapeError)],
+    "roll": [_bad([(2, 3)], {"shift": 1, "axis": 2}, AxisError), _bad([(2, 3)], {"shift": (1, 2), "axis": 0}, ArgumentError)],
+    "squeeze": [_bad([(2, 3)], {"axis": 0}, ShapeError), _bad([(1, 3)], {"axis": 2}, AxisError)],
+    "tile": _bad([(2,)], {"repetitions": (-1,)}, ArgumentError),
+    "unstack": [samples.bad_axis("any"), _bad([()], {"axis": 0}, ShapeError)],
 }
