@@ -222,15 +222,15 @@ def broadcast(array: Array, devices) -> list[Array]:
         if target.kind != "remote":
             raise DeviceError(f"{what}: devices[{i}] is {target}, not a compute peer: {_PEERS_ONLY}")
         targets.append(target)
-    order = [source.device] + [d for d in dict.fromkeys(targets) if d is not source.device]
+    order = list({id(d): d for d in [source.device, *targets]}.values())  # sessions: devices equal by hardware may differ
     for target in order[1:]:
         engine = target.engine  # a new session starts here: one handshake
         if meta.dtype.name not in engine.dtypes:
             raise NotSupportedError(f"{what}: {target} ({engine.info.get('device')}) does not support {meta.dtype}")
     buffers = [{0: source}] + [{} for _ in order[1:]]
     _run(tree_broadcast(len(order)), buffers, order)
-    result = {d: buffer[0] for d, buffer in zip(order, buffers)}
-    return [result[d] for d in targets]
+    result = {id(d): buffer[0] for d, buffer in zip(order, buffers)}
+    return [result[id(d)] for d in targets]
 
 
 # --- arguments, groups, and running a plan ---------------------------------------------------------
@@ -270,11 +270,15 @@ def _participants(arrays, what: str, name: str = "arrays") -> tuple[list[tuple[D
 
 
 def _groups(items) -> tuple[list[Device], list[list[int]]]:
-    """The sessions taking part, in order of first appearance, and the indices of each one's arrays."""
-    members: dict[Device, list[int]] = {}
+    """The sessions taking part, in order of first appearance, and the indices of each one's arrays.
+    A session is a device object: two that compare equal (one peer's ``ember://`` and ``ws://``)
+    are two sessions."""
+    devices: dict[int, Device] = {}
+    members: dict[int, list[int]] = {}
     for i, (device, _) in enumerate(items):
-        members.setdefault(device, []).append(i)
-    return list(members), list(members.values())
+        devices.setdefault(id(device), device)
+        members.setdefault(id(device), []).append(i)
+    return list(devices.values()), list(members.values())
 
 
 def _run(plan: Plan, buffers: list[dict], devices: list[Device], combine=None, finished=None) -> None:
