@@ -26,6 +26,7 @@ from ember.spirals import train, train_data_parallel
 
 
 def main(argv=None) -> int:
+    """Start the peers (unless --urls), train, print the loss curve, stop the peers; 0 unless --check fails."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=2, help="how many local peers to start (ignored with --urls)")
     parser.add_argument("--urls", nargs="+", metavar="URL", help="device strings of running peers, instead of starting them")
