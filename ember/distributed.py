@@ -176,8 +176,8 @@ def all_reduce(arrays, op: str = "sum") -> list[Array]:
     _run(plan, buffers, devices, combine, finished)
     results = []
     for buffer in buffers:
-        if not chunked:
-            results.append(buffer[0])
+        if not chunked:  # one session: a new array even where the input itself is the total
+            results.append(Array._new(buffer[0]._handle, meta, buffer[0].device))
             continue
         flat = concat([buffer[c] for c in range(plan.chunks)], axis=0)
         results.append(reshape(flat, meta.shape) if len(meta.shape) != 1 else flat)

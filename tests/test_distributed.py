@@ -144,6 +144,14 @@ def test_two_sessions_of_one_peer_are_two_participants(peers):
         np.testing.assert_array_equal(em.asnumpy(r), [1.0, 1.0, 2.0, 3.0])
 
 
+def test_results_are_new_arrays_even_for_one_array(peers):
+    (x,) = _spread(_devices(peers), [np.arange(3.0)], [0])
+    (total,) = dist.all_reduce([x])
+    total += 1  # rebinds the result, not the input
+    np.testing.assert_array_equal(em.asnumpy(x), [0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(em.asnumpy(total), [1.0, 2.0, 3.0])
+
+
 def test_arrays_on_autodiff_devices_are_taken_by_value(peers):
     a, b = _devices(peers)[:2]
     x = em.asarray(np.ones(3), device=em.autodiff(a)).requires_grad_()
