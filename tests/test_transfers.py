@@ -97,6 +97,13 @@ def test_a_move_over_websocket_to_a_peer_of_the_same_backend(source, destination
     np.testing.assert_array_equal(em.asnumpy(x.mT.to_device(b) * 2), np.arange(12).reshape(3, 4).T * 2)
 
 
+def test_empty_tensors_move_too(source, destination):
+    a, b = em.device(source.url()), em.device(destination.url())
+    for shape in [(0,), (0, 3), (4, 0, 2)]:
+        moved = em.zeros(shape, device=a).to_device(b)
+        assert em.asnumpy(moved + 1).shape == shape
+
+
 def test_a_failed_source_op_surfaces_at_the_read_on_the_destination(source, destination):
     a, b = em.device(source.url()), em.device(destination.url())
     bad = em.linalg.inv(em.zeros((2, 2), device=a))

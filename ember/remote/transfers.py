@@ -198,8 +198,9 @@ class Fetch:
         return {"t": "fetch", "v": wire.VERSION, "capability": self.capability, "session": self.session}
 
     def reply_limits(self) -> Limits:
-        """What the source's answer may be: a small header and exactly this tensor's bytes."""
-        nbytes = math.prod(self.meta.shape) * self.meta.dtype.itemsize
+        """What the source's answer may be: a small header and exactly this tensor's bytes (for an
+        empty tensor, the bytes of its other extents: the frame reader checks those too)."""
+        nbytes = math.prod(n for n in self.meta.shape if n) * self.meta.dtype.itemsize
         small = HANDSHAKE_LIMITS.max_header_bytes
         return Limits(max_header_bytes=small, max_tensor_bytes=nbytes, max_frame_bytes=nbytes + small)
 
