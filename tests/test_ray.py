@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import subprocess
 import sys
 import time
@@ -115,6 +116,25 @@ def test_shutdown_leaves_no_peer_behind(cluster):
     with pytest.raises(em.ConnectionLost):
         em.asnumpy(x)
     fleets.shutdown()  # nothing left to stop: a no-op
+
+
+def test_the_peers_end_with_the_program_that_launched_them(cluster):
+    script = ("import sys, ember.ray\n"
+              "ember.ray.launch(1)  # RAY_ADDRESS: it joins the test's cluster\n"
+              "print(ember.ray.peers()[0].pid, flush=True)\n"
+              "sys.stdin.read()\n")
+    driver = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "RAY_ADDRESS": cluster})
+    try:
+        assert select.select([driver.stdout], [], [], 120)[0], "the driver did not launch its peer in 2 minutes"
+        pid = int(driver.stdout.readline())
+    finally:
+        driver.kill()  # as a crash would: no shutdown() runs
+        driver.wait(30)
+        driver.stdout.close()
+        driver.stdin.close()
+    assert _ended(pid)
+    assert fleets.peers() == []
 
 
 def test_tls_fleet_moves_between_peers_that_trust_the_ca(cluster, pki):  # noqa: F811
