@@ -5,7 +5,8 @@
                 [--tls-ca F] [--transfer-ttl S]
                                    host D's backend as a compute peer
     ember demo                     the whole job in one command: peer, remote, training, capture
-    ember devices [PEER]           list the local devices (or a compute peer's)
+    ember devices [PEER]           list the local devices (or a compute peer's, or with ray://auto
+                                   the peers ember.ray.launch runs on a Ray cluster)
     ember bench [SUITE ...]        run benchmarks, print one table of ratios
 """
 
@@ -28,6 +29,8 @@ def _devices(args) -> int:
         for name in available_devices():
             print(name)
         return 0
+    if args.peer.startswith("ray://"):
+        return _fleet(args.peer)
     from .devices import device
     try:
         peer = device(args.peer.rstrip("/") + ("/0" if args.peer.count("/") == 2 else ""))
@@ -38,6 +41,24 @@ def _devices(args) -> int:
     base = str(peer).rsplit("/", 1)[0]
     for index, name in enumerate(info.get("devices", ())):
         print(f"{base}/{index}    {name}")
+    return 0
+
+
+def _fleet(address: str) -> int:
+    """``ember devices ray://auto`` (or a Ray Client address ray://HEAD:10001): the peers that
+    ``ember.ray.launch`` runs on that Ray cluster, one line a device, never a token."""
+    from .ray import peers
+    target = "auto" if address.rstrip("/") in ("ray:", "ray://auto") else address
+    try:
+        found = peers(target)
+    except (ImportError, ConnectionError, RuntimeError, ValueError) as error:
+        print(f"ember devices: {error}", file=sys.stderr)
+        return 1
+    for peer in found:
+        for index, name in enumerate(peer.devices):
+            print(f"{peer.url}/{index}    {name}    {peer.name} (node {peer.node}, pid {peer.pid})")
+    if not found:
+        print(f"ember devices: no ember peers on the Ray cluster at {address}", file=sys.stderr)
     return 0
 
 
@@ -173,7 +194,9 @@ def parser() -> argparse.ArgumentParser:
 
     devices = commands.add_parser("devices", help="list the local devices, or a compute peer's",
                                   description="List device strings: numpy, torch:cpu, torch:cuda:N …")
-    devices.add_argument("peer", nargs="?", help="a peer address such as ember://host:7878 (optional)")
+    devices.add_argument("peer", nargs="?", help="a peer address such as ember://host:7878, or ray://auto for the peers "
+                                                 "ember.ray.launch runs on a Ray cluster (RAY_ADDRESS, else this "
+                                                 "machine's; ray://HEAD:10001 through Ray Client) (optional)")
     devices.set_defaults(run=_devices)
 
     bench = commands.add_parser("bench", help="run benchmarks and print ratios against baselines",
