@@ -3,6 +3,7 @@
     python examples/data_parallel.py --peers 3                      # starts 3 local peers for the run
     python examples/data_parallel.py --peers 2 --peer-device torch:cpu
     python examples/data_parallel.py --urls ember://gpu-a:7878/0 ember://gpu-b:7878/0
+    python examples/data_parallel.py --ray 4 --peer-device torch:cuda  # a fleet launched on a Ray cluster
     python examples/data_parallel.py --peers 3 --steps 20 --check   # and compare with one device
 
 Each peer holds a replica of the parameters and its rows of the batch; each step every replica
@@ -30,6 +31,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=2, help="how many local peers to start (ignored with --urls)")
     parser.add_argument("--urls", nargs="+", metavar="URL", help="device strings of running peers, instead of starting them")
+    parser.add_argument("--ray", type=int, metavar="N", help="launch N peers as actors on a Ray cluster (ember.ray.launch) "
+                        "instead of starting them here; they stop at the end")
     parser.add_argument("--peer-device", default="numpy", help="the device the started peers host (numpy, torch:cpu …)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--lr", type=float, default=0.01)
@@ -40,6 +43,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.urls is None and args.peers < 1:
         parser.error("--peers must be at least 1")
+    if args.ray is not None and (args.urls or args.ray < 1):
+        parser.error("--ray takes a number of peers ≥ 1, and no --urls")
 
     def on_step(i, loss):
         if i % args.log_every == 0 or i == args.steps - 1:
@@ -48,9 +53,13 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as stack:  # every started peer stops on the way out, whatever happens
         if args.urls:
             urls = args.urls
+        elif args.ray is not None:
+            import ember.ray
+            stack.callback(ember.ray.shutdown)
+            urls = ember.ray.launch(args.ray, device=args.peer_device)  # devices that carry their peers' tokens
         else:
             urls = [stack.enter_context(PeerProcess("--device", args.peer_device)).url() for _ in range(args.peers)]
-        print(f"data parallel over {len(urls)} peers: {', '.join(urls)}", flush=True)
+        print(f"data parallel over {len(urls)} peers: {', '.join(map(str, urls))}", flush=True)
         result = train_data_parallel(urls, steps=args.steps, lr=args.lr, dtype=np.dtype(args.dtype), on_step=on_step)
         print(f"{result['seconds_per_step'] * 1e3:.2f} ms per step")
         for device in result["devices"]:
