@@ -72,3 +72,55 @@ def test_an_output_from_outside_the_function_is_refused_and_an_argument_may_come
     assert str(refused.value) == ("jit(<lambda>): output 1 is not computed in the function (return it from outside "
                                   "the jitted function)")
     np.testing.assert_array_equal(em.asnumpy(em.jit(lambda x: x)(em.arange(3.0))), [0.0, 1.0, 2.0])
+
+
+def chain(x, n_ops: int):
+    """The benchmarks' elementwise chain (benchmarks/core.py): multiply, add, sin, subtract."""
+    for _ in range(n_ops // 4):
+        x = em.sin(x * 1.0001 + 0.5) - 0.25
+    return x
+
+
+def peak_bytes(function):
+    """The most memory ``function()`` holds at once beyond what was held before (tracemalloc sees NumPy's
+    buffers), and its result."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        result = function()
+        return tracemalloc.get_traced_memory()[1] - base, result
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_jitted_chain_on_a_large_array_peaks_no_higher_than_eager_execution():
+    """A plan lets each intermediate go after its last use, as eager execution does: the 100-op chain on
+    1,000,000 float32 holds what eager holds at its peak (a few 4 MB arrays), not a hundred of them."""
+    x = em.asarray(np.random.default_rng(0).random(1_000_000, dtype=np.float32))
+    jitted = em.jit(lambda x: chain(x, 100))
+    jitted(x)  # captured and compiled before the measurement
+    eager_peak, eager = peak_bytes(lambda: chain(x, 100))
+    jit_peak, result = peak_bytes(lambda: jitted(x))
+    assert jit_peak <= eager_peak + (64 << 10), f"jit held {jit_peak} bytes at its peak; eager {eager_peak}"
+    assert eager_peak < 4 * 4_000_000  # the bound is eager's few arrays, not a measurement artefact
+    np.testing.assert_allclose(em.asnumpy(result), em.asnumpy(eager), rtol=2e-6)
+
+
+def test_a_plan_keeps_what_the_caller_holds_while_letting_intermediates_go():
+    """An argument returned as is, an intermediate both returned and read later, a value read twice by one op and
+    an output nothing reads (qr's Q) all come back right, call after call."""
+    def function(x):
+        doubled = x * 2.0
+        square = doubled * doubled
+        r = em.linalg.qr(x).R
+        return x, square + doubled, doubled, em.abs(r[0, 0]) + doubled
+    jitted = em.jit(function)
+    host = np.array([[3.0, 1.0], [4.0, 2.0]])
+    for _ in range(2):
+        x, out, doubled, after = jitted(em.asarray(host))
+        np.testing.assert_array_equal(em.asnumpy(x), host)
+        np.testing.assert_array_equal(em.asnumpy(out), (2 * host) ** 2 + 2 * host)
+        np.testing.assert_array_equal(em.asnumpy(doubled), 2 * host)
+        np.testing.assert_allclose(em.asnumpy(after), 5.0 + 2 * host)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import weakref
 
@@ -67,7 +68,12 @@ class LocalEngine(Engine):
     def compile(self, ops, input_ids, constants: dict, output_ids) -> Plan:
         """A plan running ``ops`` — ``(row, refs, output ids, attrs)`` records whose refs are node
         ids or ``(value, dtype name)`` literals — straight through the kernel table: the records
-        were validated once, so a replay pays only for the kernels."""
+        were validated once, so a replay pays only for the kernels.
+
+        Each value is let go right after its last reader (a value nothing reads, right after the
+        step that makes it), as eager execution lets an array go when its last name does: a
+        plan's peak memory is eager's, not the sum of every intermediate. The inputs, constants
+        and outputs are the caller's and stay."""
         slots: dict = {}
 
         def slot(key) -> int:
@@ -75,8 +81,14 @@ class LocalEngine(Engine):
 
         preset = [(slot(i), v) for i, v in constants.items()]
         inputs = [slot(i) for i in input_ids]
+        kept = {*input_ids, *constants, *output_ids}
+        last = {}  # node id -> the index of the last step that reads it
+        for index, (_, refs, _, _) in enumerate(ops):
+            for ref in refs:
+                if type(ref) is int:
+                    last[ref] = index
         steps = []
-        for op, refs, outs, attrs in ops:
+        for index, (op, refs, outs, attrs) in enumerate(ops):
             kernel = self._kernels.get(op.name)
             if kernel is None:
                 raise NotSupportedError(f"{op.name}: not supported on {self.backend.device_name}")
@@ -89,9 +101,15 @@ class LocalEngine(Engine):
                     slots[("literal", literal_slot)] = literal_slot
                     preset.append((literal_slot, ref[0]))
                     args.append(literal_slot)
-            outs = tuple(slot(o) for o in outs)
-            single = outs[0] if len(outs) == 1 and not op.multiple else None
-            steps.append((op, kernel, _getter(args), attrs, single, outs))
+            store = tuple(slot(o) for o in outs)
+            if len(store) == 1 and not op.multiple:
+                store = store[0]
+            ended = dict.fromkeys(r for r in refs if type(r) is int and last[r] == index and r not in kept)
+            ended.update(dict.fromkeys(o for o in outs if o not in last and o not in kept))
+            if attrs:
+                kernel = functools.partial(kernel, **attrs)
+            fetch = _getter(args)
+            steps.append((kernel, fetch, store, tuple(slots[n] for n in ended), (op, fetch)))
         return Plan(self, steps, len(slots), preset, inputs, [slots[o] for o in output_ids])
 
     def run_graph(self, graph, inputs: list) -> list:
@@ -133,7 +151,11 @@ def _getter(indices: list):
 
 
 class Plan:
-    """A compiled graph for one local engine: kernels in order over a list of value slots."""
+    """A compiled graph for one local engine: kernels in order over a list of value slots.
+
+    A step is ``(kernel, fetch, store, ended, (row, fetch))``: ``kernel(*fetch(values))`` runs it,
+    ``store`` is the slot of its one output (a tuple of slots for a row with several), ``ended``
+    the slots let go after it."""
 
     def __init__(self, engine: LocalEngine, steps: list, n_slots: int, preset: list, inputs: list, outputs: list):
         self.engine, self.steps, self.n_slots = engine, steps, n_slots
@@ -146,17 +168,22 @@ class Plan:
         for index, value in zip(self.inputs, inputs):
             values[index] = value
         native_type, coerce = self.engine._native_type, self.engine.backend.coerce
-        for op, kernel, fetch, attrs, single, outs in self.steps:
-            try:
-                out = kernel(*fetch(values), **attrs)
-            except EmberError:
-                raise
-            except Exception as error:
-                raise _translate(error, op.name, fetch(values)) from error
-            if single is not None:
-                values[single] = out if type(out) is native_type else coerce(out)
-            else:
-                for index, o in zip(outs, out):
-                    values[index] = o if type(o) is native_type else coerce(o)
+        step = None
+        try:
+            for step in self.steps:
+                kernel, fetch, store, ended, _ = step
+                out = kernel(*fetch(values))
+                if type(store) is int:
+                    values[store] = out if type(out) is native_type else coerce(out)
+                else:
+                    for index, o in zip(store, out):
+                        values[index] = o if type(o) is native_type else coerce(o)
+                for index in ended:
+                    values[index] = None
+        except EmberError:
+            raise
+        except Exception as error:
+            op, fetch = step[4]
+            raise _translate(error, op.name, fetch(values)) from error
         self.engine.ops_executed += len(self.steps)
         return [values[i] for i in self.outputs]
