@@ -109,6 +109,16 @@ def test_a_chain_of_large_arrays_holds_on_the_peer_what_it_holds_locally():
         assert (stats["session_tensors"], stats["session_bytes"]) == (2, 2 * host.nbytes)
 
 
+def test_a_jitted_chain_on_a_peer_equals_local_eager_execution(remote):
+    """A registered graph is compiled like a local one (values let go after their last use, the chain run in one
+    buffer, literals converted once): its results are local eager NumPy's, bit for bit."""
+    host = np.random.default_rng(1).random(10_000, dtype=np.float32)
+    jitted = em.jit(lambda x: chain(em, x, 100) * 2 - 1)
+    expected = em.asnumpy(chain(em, em.asarray(host), 100) * 2 - 1)
+    for _ in range(2):
+        np.testing.assert_array_equal(em.asnumpy(jitted(em.asarray(host, device=remote))), expected)
+
+
 def test_threads_share_a_remote_device(remote):
     errors = []
 
