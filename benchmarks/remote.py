@@ -6,7 +6,9 @@
     same run against a raw-socket child process (target ≥ 0.8×), over TCP and WebSocket;
 (c) the latency of one small op and its read vs a raw TCP echo round trip;
 (d) the same 256 MiB upload and download over TCP+TLS (``embers://``, a second peer with a
-    throwaway certificate) vs plain TCP, the two interleaved on their own.
+    throwaway certificate) vs plain TCP, the two interleaved on their own;
+(e) 100 elementwise ops on 1,000,000 float32, then one read, on the peer (eager, and under
+    ``em.jit``) vs the local numpy device eager.
 """
 
 from __future__ import annotations
@@ -61,6 +63,15 @@ def run(quick: bool = False) -> Report:
         trips = em.stats(tcp)["round_trips"]
         em.asnumpy(chain(em, xs["tcp"], 1000))
         report.notes.append(f"(a) round trips for the chain and its read: {em.stats(tcp)['round_trips'] - trips}")
+
+        big_host = np.random.default_rng(2).random(1_000_000, dtype=np.float32)
+        big_local, big_remote = em.asarray(big_host, device=local), em.asarray(big_host, device=tcp)
+        jitted = em.jit(lambda x: chain(em, x, 100))
+        t = medians({"local": lambda: em.asnumpy(chain(em, big_local, 100)),
+                     "tcp": lambda: em.asnumpy(chain(em, big_remote, 100)),
+                     "jit": lambda: em.asnumpy(jitted(big_remote))}, max(3, repeats // 3))
+        report.add(Row("(e) 100 ops on 1e6 float32 + read, TCP", t["tcp"], "local", t["local"], "reported"))
+        report.add(Row("(e) the same under em.jit, TCP", t["jit"], "local", t["local"], "reported"))
 
         size = (64 if quick else 256) * MIB
         big = np.random.default_rng(1).random(size // 4, dtype=np.float32)

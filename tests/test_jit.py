@@ -1,6 +1,8 @@
 """``em.jit`` at its edges: what the jitted function says of itself, calls without arrays,
 arguments on two devices, results on the arguments' device, keyword arguments, what a graph
-names its inputs and outputs, and outputs the function did not compute."""
+names its inputs and outputs, and outputs the function did not compute; what a compiled plan
+holds (each value let go after its last use, a chain run in one buffer) and, generated from the
+op table, every elementwise row jitted against eager execution."""
 
 from __future__ import annotations
 
@@ -8,10 +10,16 @@ import functools
 
 import numpy as np
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import ember as em
+from ember import dtypes as dt
+from ember.ops import OPS
 
 from .conftest import torch_available
+from .generators import Drawer
+from .recipes import EXAMPLES
 
 
 def scaled(x, y, *, scale):
@@ -72,3 +80,105 @@ def test_an_output_from_outside_the_function_is_refused_and_an_argument_may_come
     assert str(refused.value) == ("jit(<lambda>): output 1 is not computed in the function (return it from outside "
                                   "the jitted function)")
     np.testing.assert_array_equal(em.asnumpy(em.jit(lambda x: x)(em.arange(3.0))), [0.0, 1.0, 2.0])
+
+
+def chain(x, n_ops: int):
+    """The benchmarks' elementwise chain (benchmarks/core.py): multiply, add, sin, subtract."""
+    for _ in range(n_ops // 4):
+        x = em.sin(x * 1.0001 + 0.5) - 0.25
+    return x
+
+
+def peak_bytes(function):
+    """The most memory ``function()`` holds at once beyond what was held before (tracemalloc sees NumPy's
+    buffers), and its result."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        result = function()
+        return tracemalloc.get_traced_memory()[1] - base, result
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_jitted_chain_on_a_large_array_peaks_no_higher_than_eager_execution():
+    """A plan lets each intermediate go after its last use, as eager execution does: the 100-op chain on
+    1,000,000 float32 holds what eager holds at its peak (a few 4 MB arrays), not a hundred of them."""
+    x = em.asarray(np.random.default_rng(0).random(1_000_000, dtype=np.float32))
+    jitted = em.jit(lambda x: chain(x, 100))
+    jitted(x)  # captured and compiled before the measurement
+    eager_peak, eager = peak_bytes(lambda: chain(x, 100))
+    jit_peak, result = peak_bytes(lambda: jitted(x))
+    assert jit_peak <= eager_peak + (64 << 10), f"jit held {jit_peak} bytes at its peak; eager {eager_peak}"
+    assert jit_peak <= 4_000_000 + (64 << 10)  # on numpy, the chain runs in its one result buffer
+    assert eager_peak < 4 * 4_000_000  # the bound is eager's few arrays, not a measurement artefact
+    np.testing.assert_allclose(em.asnumpy(result), em.asnumpy(eager), rtol=2e-6)
+
+
+def test_a_plan_keeps_what_the_caller_holds_while_letting_intermediates_go():
+    """An argument returned as is, an intermediate both returned and read later, a value read twice by one op and
+    an output nothing reads (qr's Q) all come back right, call after call."""
+    def function(x):
+        doubled = x * 2.0
+        square = doubled * doubled
+        r = em.linalg.qr(x).R
+        return x, square + doubled, doubled, em.abs(r[0, 0]) + doubled
+    jitted = em.jit(function)
+    host = np.array([[3.0, 1.0], [4.0, 2.0]])
+    for _ in range(2):
+        x, out, doubled, after = jitted(em.asarray(host))
+        np.testing.assert_array_equal(em.asnumpy(x), host)
+        np.testing.assert_array_equal(em.asnumpy(out), (2 * host) ** 2 + 2 * host)
+        np.testing.assert_array_equal(em.asnumpy(doubled), 2 * host)
+        np.testing.assert_allclose(em.asnumpy(after), 5.0 + 2 * host)
+
+
+ELEMENTWISE = sorted(name for name, op in OPS.items() if op.elementwise)
+
+
+def _tolerance(dtype):
+    if dtype in (dt.float32, dt.complex64):
+        return {"rtol": 2e-6, "atol": 0}
+    if dtype in (dt.float64, dt.complex128):
+        return {"rtol": 1e-12, "atol": 0}
+    return {"rtol": 0, "atol": 0}
+
+
+def test_every_row_made_by_the_elementwise_factories_is_elementwise():
+    assert {name for name, op in OPS.items() if op.family.startswith("elementwise")} == set(ELEMENTWISE)
+    assert len(ELEMENTWISE) > 60 and "add" in ELEMENTWISE and "where" not in ELEMENTWISE
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+@given(data=st.data())
+def test_a_jitted_elementwise_row_equals_eager_execution(name, data):
+    """Each elementwise row applied three times — where the result has the first input's shape and dtype, the
+    second and third write over the first's buffer — and, for a binary row, twice with a Python scalar (a
+    literal the plan converts once): jitted and eager give the same dtype, shape and values (NaN where NaN)."""
+    device = em.device("numpy")
+    arrays, _ = EXAMPLES[name](Drawer(data, em.__array_namespace_info__().dtypes(device=device).values()))
+    function = getattr(em, name)
+
+    def thrice(*xs):
+        y = function(*xs)
+        for _ in range(2):
+            if (y.shape, y.dtype) == (xs[0].shape, xs[0].dtype):
+                y = function(y, *xs[1:])
+        return y
+    cases = [(thrice, [em.asarray(a) for a in arrays])]
+    if len(arrays) == 2 and arrays[1].size:
+        scalar = arrays[1].flat[0].item()
+        cases.append((lambda x: function(function(x, scalar), scalar), [em.asarray(arrays[0])]))
+    for function_of, xs in cases:
+        try:
+            expected = em.asnumpy(function_of(*xs))
+        except em.EmberError:  # a scalar the namespace refuses beside this dtype (a float beside integers)
+            assume(False)
+        jitted = em.jit(function_of)
+        for _ in range(2):  # captured, then replayed
+            actual = em.asnumpy(jitted(*xs))
+            assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape)
+            np.testing.assert_allclose(actual, expected, equal_nan=True, **_tolerance(dt.FROM_NUMPY[expected.dtype]),
+                                       err_msg=name)

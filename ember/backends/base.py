@@ -29,6 +29,17 @@ class Backend:
         """A kernel's output as a native array (NumPy returns scalars for 0-d results)."""
         return value
 
+    def into(self, name: str) -> Callable[..., Any] | None:
+        """The kernel of elementwise row ``name`` as ``kernel(*inputs, destination)``, writing its
+        result into ``destination`` (an array of the result's shape and dtype, perhaps one of the
+        inputs) with the casting rules of ``kernels[name]``; None where the backend has none."""
+        return None
+
+    def literal(self, value, dtype: dt.DType) -> Any:
+        """Scalar ``value`` as a kernel of :meth:`into` takes it fastest, with the result it gives
+        for ``value`` itself: converted once when a plan is compiled, not at every call."""
+        return value
+
     def dtype_of(self, native) -> dt.DType:
         raise NotImplementedError
 

@@ -180,6 +180,8 @@ KERNELS = {
 
 
 KERNELS.update(NN_KERNELS)
+# ufuncs whose positional ``out`` NumPy 2.4 deprecates (a third argument read as a third operand by mistake)
+_OUT_BY_KEYWORD = (np.maximum, np.minimum)
 
 
 class NumpyBackend(Backend):
@@ -192,6 +194,26 @@ class NumpyBackend(Backend):
 
     def coerce(self, value):
         return np.asarray(value)
+
+    def into(self, name):
+        """A ufunc kernel, whose last positional argument is its ``out``; the wrappers that fix
+        NumPy's results (expm1, tanh, floor_divide) and plain functions (round, real) have none."""
+        kernel = KERNELS.get(name)
+        if not isinstance(kernel, np.ufunc):
+            return None
+        if kernel in _OUT_BY_KEYWORD:
+            return lambda *args: kernel(*args[:-1], out=args[-1])
+        return kernel
+
+    def literal(self, value, dtype):
+        """A 0-d array of the literal's dtype: the dtype NumPy casts a Python scalar to beside an
+        array of that dtype (the namespace gives literals the array's dtype), without the cast at
+        every call; a value that dtype cannot hold stays a Python scalar, for the kernel to judge."""
+        try:
+            with np.errstate(all="raise"):
+                return np.asarray(value, dtype=NATIVE[dtype])
+        except (OverflowError, ValueError, FloatingPointError, TypeError):
+            return value
 
     def dtype_of(self, native) -> dt.DType:
         return EMBER[native.dtype]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import weakref
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..errors import EmberError, ExecutionError, IndexingError, NotSupportedError
+from ..ops.records import LITERAL_METAS
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
 
@@ -64,10 +66,22 @@ class LocalEngine(Engine):
     def native(self, handle):
         return handle
 
-    def compile(self, ops, input_ids, constants: dict, output_ids) -> Plan:
+    def compile(self, ops, input_ids, constants: dict, output_ids, metas: dict | None = None) -> Plan:
         """A plan running ``ops`` — ``(row, refs, output ids, attrs)`` records whose refs are node
         ids or ``(value, dtype name)`` literals — straight through the kernel table: the records
-        were validated once, so a replay pays only for the kernels."""
+        were validated once, so a replay pays only for the kernels.
+
+        Each value is let go right after its last reader (a value nothing reads, right after the
+        step that makes it), as eager execution lets an array go when its last name does: a
+        plan's peak memory is eager's, not the sum of every intermediate. The inputs, constants
+        and outputs are the caller's and stay.
+
+        Given every node's meta (``metas``), an elementwise row whose backend kernel can write
+        into a destination (:meth:`Backend.into`) writes its result over an input of the
+        result's shape and dtype that this step reads last — when that input is the plan's own
+        buffer, made by such a kernel and read by no other kind, so no view of it lives on — and
+        the literals of such rows are converted once (:meth:`Backend.literal`). A chain then
+        runs in one buffer, with no fresh memory per op, under the kernel's casting rules."""
         slots: dict = {}
 
         def slot(key) -> int:
@@ -75,11 +89,23 @@ class LocalEngine(Engine):
 
         preset = [(slot(i), v) for i, v in constants.items()]
         inputs = [slot(i) for i in input_ids]
+        kept = {*input_ids, *constants, *output_ids}
+        backend = self.backend
+        intos = [backend.into(op.name) if op.elementwise else None for op, _, _, _ in ops]
+        last = {}  # node id -> the index of the last step that reads it
+        shared = set()  # nodes read by a kernel that may return a view of them
+        for index, (_, refs, _, _) in enumerate(ops):
+            for ref in refs:
+                if type(ref) is int:
+                    last[ref] = index
+                    if intos[index] is None:
+                        shared.add(ref)
+        owned = set()  # nodes whose buffer the plan made and no view shares: one may be written over
         steps = []
-        for op, refs, outs, attrs in ops:
-            kernel = self._kernels.get(op.name)
+        for index, (op, refs, outs, attrs) in enumerate(ops):
+            kernel, into = self._kernels.get(op.name), intos[index]
             if kernel is None:
-                raise NotSupportedError(f"{op.name}: not supported on {self.backend.device_name}")
+                raise NotSupportedError(f"{op.name}: not supported on {backend.device_name}")
             args = []
             for ref in refs:
                 if type(ref) is int:
@@ -87,11 +113,27 @@ class LocalEngine(Engine):
                 else:  # a literal: a preset slot holding its value
                     literal_slot = len(slots)
                     slots[("literal", literal_slot)] = literal_slot
-                    preset.append((literal_slot, ref[0]))
+                    preset.append((literal_slot, ref[0] if into is None else backend.literal(ref[0], _dtype(ref[1]))))
                     args.append(literal_slot)
-            outs = tuple(slot(o) for o in outs)
-            single = outs[0] if len(outs) == 1 and not op.multiple else None
-            steps.append((op, kernel, _getter(args), attrs, single, outs))
+            ending = [r for r in dict.fromkeys(refs) if type(r) is int and last[r] == index and r not in kept]
+            over = None  # the input written over
+            if into is not None and metas is not None and len(outs) == 1:
+                meta = metas.get(outs[0])
+                over = next((r for r in ending if r in owned and r not in shared and metas.get(r) == meta), None)
+                owned.add(outs[0])
+            if over is not None:
+                slots[outs[0]] = slots[over]
+                ending.remove(over)
+                kernel, fetch, store = into, _getter(args + [slots[over]]), None
+            else:
+                store = tuple(slot(o) for o in outs)
+                if len(store) == 1 and not op.multiple:
+                    store = store[0]
+                fetch = _getter(args)
+                if attrs:
+                    kernel = functools.partial(kernel, **attrs)
+            ending += [o for o in outs if o not in last and o not in kept]
+            steps.append((kernel, fetch, store, tuple(slots[n] for n in ending), (op, _getter(args))))
         return Plan(self, steps, len(slots), preset, inputs, [slots[o] for o in output_ids])
 
     def run_graph(self, graph, inputs: list) -> list:
@@ -99,7 +141,7 @@ class LocalEngine(Engine):
         if plan is None:
             ops = [(op.row, op.inputs, op.outputs, op.attrs) for op in graph.ops]
             plan = self._plans[graph] = self.compile(ops, [i for _, i, _ in graph.inputs], graph.constant_handles(self),
-                                                     [i for _, i in graph.outputs])
+                                                     [i for _, i in graph.outputs], graph.metas)
         return plan.run(inputs)
 
     def stats(self) -> dict:
@@ -122,6 +164,10 @@ def _translate(error: Exception, name: str, inputs) -> EmberError:
     return ExecutionError(message)
 
 
+def _dtype(name: str) -> dt.DType:
+    return LITERAL_METAS[name].dtype
+
+
 def _getter(indices: list):
     """A C-speed function returning the tuple of ``values[i]`` for the given indices."""
     if len(indices) == 1:
@@ -133,7 +179,12 @@ def _getter(indices: list):
 
 
 class Plan:
-    """A compiled graph for one local engine: kernels in order over a list of value slots."""
+    """A compiled graph for one local engine: kernels in order over a list of value slots.
+
+    A step is ``(kernel, fetch, store, ended, (row, inputs))``: ``kernel(*fetch(values))`` runs
+    it; ``store`` is the slot of its one output, a tuple of slots for a row with several, or None
+    where the kernel writes into a slot that ``fetch`` hands it; ``ended`` lists the slots let go
+    after it; ``inputs(values)`` are its inputs, for an error's message."""
 
     def __init__(self, engine: LocalEngine, steps: list, n_slots: int, preset: list, inputs: list, outputs: list):
         self.engine, self.steps, self.n_slots = engine, steps, n_slots
@@ -146,17 +197,22 @@ class Plan:
         for index, value in zip(self.inputs, inputs):
             values[index] = value
         native_type, coerce = self.engine._native_type, self.engine.backend.coerce
-        for op, kernel, fetch, attrs, single, outs in self.steps:
-            try:
-                out = kernel(*fetch(values), **attrs)
-            except EmberError:
-                raise
-            except Exception as error:
-                raise _translate(error, op.name, fetch(values)) from error
-            if single is not None:
-                values[single] = out if type(out) is native_type else coerce(out)
-            else:
-                for index, o in zip(outs, out):
-                    values[index] = o if type(o) is native_type else coerce(o)
+        try:
+            for kernel, fetch, store, ended, failing in self.steps:  # noqa: B007 (read if the kernel fails)
+                out = kernel(*fetch(values))
+                if store is not None:
+                    if type(store) is int:
+                        values[store] = out if type(out) is native_type else coerce(out)
+                    else:
+                        for index, o in zip(store, out):
+                            values[index] = o if type(o) is native_type else coerce(o)
+                if ended:
+                    for index in ended:
+                        values[index] = None
+        except EmberError:
+            raise
+        except Exception as error:
+            op, inputs_of = failing
+            raise _translate(error, op.name, inputs_of(values)) from error
         self.engine.ops_executed += len(self.steps)
         return [values[i] for i in self.outputs]

@@ -4,12 +4,14 @@ Ops are fire-and-forget: the client allocates tensor ids, knows every output's s
 from the meta rules, and appends the op to a batch. A batch is sent when it is large or old
 enough, or when something must wait — a read, a sync, a data-dependent shape — so a chain of N
 ops and one read costs one round trip. Arrays the program drops are freed on the peer in the
-next batch.
+next batch, or within the batch once its ops have made DROP_BYTES: the drops go ahead of the
+next op, so a chain of large arrays holds on the peer what it holds locally.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import secrets
 import threading
@@ -33,6 +35,7 @@ BATCH_SECONDS = 0.002    # … or once its first message is this old …
 BATCH_BYTES = 8 << 20    # … or once its copied uploads reach this size
 INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
 DROP_IDS = 1 << 16       # dropped ids per message: very many go in frames of their own
+DROP_BYTES = 1 << 20     # once the batch's ops have made this many bytes, drops go ahead of the next op
 DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
 KEEPALIVE = 30.0         # seconds a read waits through silence, by default (EMBER_KEEPALIVE)
 _clock = time.perf_counter
@@ -78,6 +81,7 @@ class RemoteEngine(Engine):
         self._gids = itertools.count(1)
         self._first_pending = 0.0
         self._pending_bytes = 0
+        self._made_bytes = 0     # bytes the ops made since drops were last queued
         self._lock = threading.RLock()
         self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
                          "graphs_registered": 0, "graph_runs": 0, "keepalives": 0}
@@ -107,12 +111,17 @@ class RemoteEngine(Engine):
             out_ids = tuple(o.id for o in outs)
         message = ("op", op.name, tuple(refs), out_ids, attrs)
         with self._lock:  # another thread may be sending the batch
+            if self._drops and self._made_bytes >= DROP_BYTES:  # dropped before this op: no later op reads them
+                self._queue_drops()
             pending = self._pending
             pending.append(message)
             if op.data_dependent and any(None in m.shape for m in metas):
                 shapes = self._call(lambda rid: ("shape", rid, out_ids))[2]
                 metas = tuple(Meta(tuple(s), m.dtype) for s, m in zip(shapes, metas))
-            elif len(pending) == 1:
+                return outs, metas
+            for meta in metas:
+                self._made_bytes += math.prod(meta.shape) * meta.dtype.itemsize
+            if len(pending) == 1:
                 self._first_pending = _clock()
             elif len(pending) >= BATCH_OPS or (len(pending) & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
                 self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
@@ -142,6 +151,11 @@ class RemoteEngine(Engine):
                 weakref.finalize(graph, self._drops_graph.append, gid)
                 self.counters["graphs_registered"] += 1
             outs = [RemoteHandle(self, next(self._ids)) for _ in graph.outputs]
+            if self._drops and self._made_bytes >= DROP_BYTES:
+                self._queue_drops()
+            for _, node in graph.outputs:
+                meta = graph.metas[node]
+                self._made_bytes += math.prod(meta.shape) * meta.dtype.itemsize
             if not self._pending:
                 self._first_pending = _clock()
             self._pending.append(("run", gid, tuple(h.id for h in inputs), tuple(o.id for o in outs)))
@@ -254,6 +268,7 @@ class RemoteEngine(Engine):
         """Move dropped ids into the batch, after every op that may still read them; beyond
         DROP_IDS of them, each message goes in a frame of its own (headers stay small)."""
         drops = self._drops
+        self._made_bytes = 0
         while drops:
             self._pending.append(("drop", tuple(drops.popleft() for _ in range(min(len(drops), DROP_IDS)))))
             if len(drops) > 0:

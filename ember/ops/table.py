@@ -47,6 +47,7 @@ class _Required:
 
 
 REQUIRED = _Required()  # an attribute without a default: the caller must give it
+ELEMENTWISE_FAMILIES = ("elementwise unary", "elementwise binary")  # the rows the two factories of elementwise.py make
 NO_GRADIENT = "no gradient"  # the grad rule of an op whose outputs carry no gradient
 
 # Meta rule results of every op, in one cache bounded for the whole process, so the clients of a
@@ -98,6 +99,12 @@ class Op:
     @property
     def variadic(self) -> bool:
         return bool(self.inputs) and self.inputs[0].startswith("*")
+
+    @property
+    def elementwise(self) -> bool:
+        """Each output element depends only on the inputs' elements at its (broadcast) position, so
+        the result may be written over an input of its shape and dtype that nothing reads later."""
+        return self.family in ELEMENTWISE_FAMILIES
 
     def infer(self, metas: tuple, attrs: dict) -> tuple[dict, tuple]:
         """Canonical attributes and output metas for inputs ``metas``; errors name the op.

@@ -615,7 +615,7 @@ class Session:
             missing = [o for o in outputs if o not in known]
             if missing:
                 raise ProtocolError(f"graph output {missing[0]} is not produced by the graph")
-            plan = self.engine.compile(records, [tid for tid, _, _ in inputs], values, outputs)
+            plan = self.engine.compile(records, [tid for tid, _, _ in inputs], values, outputs, known)
         except Exception as failure:
             error = Poison(_error_kind(failure), f"graph: {failure}")
             self._give(held)
