@@ -136,6 +136,7 @@ def recheck(checkout: Path, survivors: dict, tests: list[str]) -> dict:
                     break
             else:
                 verdicts[name] = "not applied"
+                print(f"{verdicts[name]:<12}{name}", flush=True)
                 continue
             path.write_text(source.replace(old, new))
             try:
@@ -146,6 +147,7 @@ def recheck(checkout: Path, survivors: dict, tests: list[str]) -> dict:
                 verdicts[name] = "timeout"
             finally:
                 path.write_text(source)
+            print(f"{verdicts[name]:<12}{name}", flush=True)  # as it goes: a recheck takes a while
     return verdicts
 
 
@@ -174,8 +176,6 @@ def main(argv=None) -> int:
                      for name, diff in [*group["survivors"].items(), *group.get("untested", {}).items(),
                                         *group.get("timeouts", {}).items()] if args.only in name}
         verdicts = recheck(args.checkout, survivors, args.tests or TRAMPOLINE_SHY)
-        for name, verdict in verdicts.items():
-            print(f"{verdict:<12}{name}")
         print(collections.Counter(verdicts.values()))
         return 0
     if args.modules:
