@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import json
 import os
 import re
@@ -164,8 +165,9 @@ def main(argv=None) -> int:
     parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--modules", nargs="+", help="mutate these files or globs instead of a group's")
     parser.add_argument("--tests", nargs="+", help="with --modules: the test files that judge them")
-    parser.add_argument("--children", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--json", metavar="FILE", help="also write the figures and survivors as JSON")
+    parser.add_argument("--children", type=int, default=os.cpu_count() or 2, help="mutants judged at once")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures and survivors (with --recheck: the "
+                        "verdicts) as JSON")
     parser.add_argument("--recheck", metavar="FILE", help="judge the survivors, untested and timed-out mutants in FILE (a --json "
                         "report) again without mutmut, by the tests that cannot run under it (or --tests); --only picks some")
     parser.add_argument("--only", metavar="TEXT", default="", help="with --recheck: survivors whose name contains TEXT")
@@ -175,8 +177,15 @@ def main(argv=None) -> int:
         survivors = {name: diff for group in report.values()
                      for name, diff in [*group["survivors"].items(), *group.get("untested", {}).items(),
                                         *group.get("timeouts", {}).items()] if args.only in name}
-        verdicts = recheck(args.checkout, survivors, args.tests or TRAMPOLINE_SHY)
+        names = sorted(survivors)
+        shares = [{name: survivors[name] for name in names[k::args.children]} for k in range(args.children)]
+        tests = args.tests or TRAMPOLINE_SHY
+        with concurrent.futures.ThreadPoolExecutor(args.children) as pool:  # a copy of the checkout each
+            judged = pool.map(lambda share: recheck(args.checkout, share, tests), shares)
+            verdicts = {name: verdict for share in judged for name, verdict in share.items()}
         print(collections.Counter(verdicts.values()))
+        if args.json:
+            Path(args.json).write_text(json.dumps(verdicts, indent=1))
         return 0
     if args.modules:
         jobs = {"ad hoc": (args.modules, args.tests or ["tests/"])}
