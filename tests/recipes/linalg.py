@@ -27,15 +27,17 @@ def _misaligned(g):
 def _tensordot_examples(g):
     dtype = g.dtype("numeric")
     shared = g.shape(max_dims=2)
-    first = g.array(g.shape(max_dims=2) + shared, dtype, low=-5, high=5)
-    second = g.array(shared + g.shape(max_dims=2), dtype, low=-5, high=5)
     count = len(shared)
-    # axes as a count, as a pair of sequences (in either order: the contraction follows the pairing), or as a
-    # pair of bare ints
-    pairs = [(first.ndim - count + k, k) for k in range(count)]
-    pairs = g.permutation(pairs) if pairs else pairs
-    axes = g.choice([count, (tuple(a for a, _ in pairs), tuple(b for _, b in pairs))] + ([pairs[0]] if count == 1 else []))
-    return (first, second), {"axes": axes}
+    # x2's contracted axes in x1's order, or crossed (x1's last pairs with x2's first): the rule must follow the
+    # pairing, not the positions
+    crossed = count == 2 and g.flag()
+    first = g.array(g.shape(max_dims=2) + shared, dtype, low=-5, high=5)
+    second = g.array((shared[::-1] if crossed else shared) + g.shape(max_dims=2), dtype, low=-5, high=5)
+    pairs = [(first.ndim - count + k, count - 1 - k if crossed else k) for k in range(count)]
+    # axes as a count, as a pair of sequences (listed in either order), or as a pair of bare ints
+    listed = (tuple(a for a, _ in pairs), tuple(b for _, b in pairs))
+    choices = ([] if crossed else [count]) + [listed, tuple(seq[::-1] for seq in listed)] + ([pairs[0]] if count == 1 else [])
+    return (first, second), {"axes": g.choice(choices)}
 
 
 def _vecdot_examples(g):
