@@ -47,12 +47,14 @@ def _serve() -> None:
 
 
 class RawPeer:
-    """A client of the raw-socket child process."""
+    """A client of the raw-socket child process; ``through`` maps the child's address
+    ("127.0.0.1:PORT") to the one to connect to (a route of a delay line, benchmarks/delayline.py)."""
 
-    def __init__(self):
+    def __init__(self, through=None):
         self.process = subprocess.Popen([sys.executable, "-m", "ember.benchmarks.rawsocket"], stdout=subprocess.PIPE, text=True)
-        port = int(self.process.stdout.readline())
-        self.sock = socket.create_connection(("127.0.0.1", port))
+        address = f"127.0.0.1:{int(self.process.stdout.readline())}"
+        host, _, port = (through(address) if through else address).rpartition(":")
+        self.sock = socket.create_connection((host, int(port)))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buffer = None
 

@@ -32,6 +32,7 @@ class Row:
     target: str = ""
     unit: str = "s"
     higher_is_better: bool = False
+    round_trips: int | None = None  # the blocking waits ember counted for one call, where a row counts them
 
     @property
     def ratio(self) -> float:
