@@ -35,6 +35,8 @@ def _arange_canon(start, stop, step, dtype):
 def _arange_meta(start, stop, step, dtype):
     if dtype.kind not in (dt.SIGNED, dt.UNSIGNED, dt.REAL):
         raise DTypeError(f"dtype must be a real numeric dtype, got {dtype}")
+    if dtype.kind != dt.REAL and any(v != int(v) for v in (start, stop, step)):  # NumPy and torch round differently
+        raise DTypeError(f"start {start!r}, stop {stop!r} and step {step!r} must be whole numbers for dtype {dtype}")
     length = arange_length(start, stop, step)
     if length and dtype.kind != dt.REAL:
         info = dt.iinfo(dtype)

@@ -9,7 +9,9 @@ from ember.errors import ArgumentError, DTypeError
 def _arange_examples(g):
     start, stop = g.integer(-10, 10), g.choice([None, g.integer(-10, 10), g.integer(-10, 10) + 0.5])
     step = g.choice([1, 2, -1, 0.5, -3])
-    dtype = g.choice([None, g.dtype(g.choice(["signed integer", "real floating"]))])  # signed: the values may be negative
+    whole = all(v == int(v) for v in (start, stop if stop is not None else 0, step))  # an integer dtype takes only these
+    # signed: the values may be negative
+    dtype = g.choice([None, g.dtype(g.choice(["signed integer", "real floating"] if whole else ["real floating"]))])
     return (), {"start": start, "stop": stop, "step": step, "dtype": dtype}
 
 
@@ -41,7 +43,8 @@ BAD_EXAMPLES = {
                  for bad in ({"start": "0"}, {"stop": 1j}, {"step": "1"})),
                lambda g: ((), {"start": 0, "stop": 5, "step": 1, "dtype": dt.bool_}, DTypeError),
                lambda g: ((), {"start": 2, "stop": -2, "step": -1, "dtype": dt.uint8}, DTypeError),
-               lambda g: ((), {"start": 120, "stop": 130, "step": 1, "dtype": dt.int8}, DTypeError)],
+               lambda g: ((), {"start": 120, "stop": 130, "step": 1, "dtype": dt.int8}, DTypeError),
+               lambda g: ((), {"start": 0, "stop": 2, "step": 0.5, "dtype": dt.int8}, DTypeError)],
     "full": lambda g: ((), {"shape": (2,), "fill_value": 1.5, "dtype": dt.int32}, DTypeError),
     "empty": lambda g: ((), {"shape": (-1,), "dtype": None}, ValueError),
     "eye": lambda g: ((), {"n_rows": -2, "n_cols": None, "k": 0, "dtype": None}, ArgumentError),
