@@ -384,9 +384,11 @@ class Server:
                     if secure and self._fetch_tls is None:
                         self._fetch_tls = client_context(self.tls_ca)
                     module = websocket if job.scheme in ("ws", "wss") else tcp
-                    # nothing large before the source answers; then exactly the tensor it granted
+                    # nothing large before the source answers; then exactly the tensor it granted, received
+                    # into a buffer of the peer's pool (its bytes are counted already: a reused one is given
+                    # back to the budget, and goes back to the pool when the tensor is dropped)
                     connection = module.connect(job.host, job.port, HANDSHAKE_LIMITS, timeout=FETCH_SECONDS,
-                                                tls=self._fetch_tls if secure else None)
+                                                tls=self._fetch_tls if secure else None, allocate=self.hosting.pool.allocate)
                     connection.send(wire.encode_frame(job.request()))
                     connection.set_limits(job.reply_limits())
                     frame = connection.receive()

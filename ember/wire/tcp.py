@@ -147,12 +147,13 @@ class TcpConnection:
 
 
 def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None,
-            tls: ssl.SSLContext | None = None) -> TcpConnection:
-    """A TCP frame connection to ``host:port``, inside TLS when given a client context."""
+            tls: ssl.SSLContext | None = None, allocate=None) -> TcpConnection:
+    """A TCP frame connection to ``host:port``, inside TLS when given a client context; received
+    tensors go into ``allocate(shape, dtype)``'s arrays when given (a peer's buffer pool)."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as error:
         raise ConnectionLost(f"cannot connect to {host}:{port}: {error}") from None
     if tls is not None:
         sock = wrap_client(sock, tls, host, port, "embers")
-    return TcpConnection(sock, limits, timeout)
+    return TcpConnection(sock, limits, timeout, allocate)

@@ -156,8 +156,9 @@ class WebSocketConnection:
 
 
 def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None,
-            path: str = "/", tls: ssl.SSLContext | None = None) -> WebSocketConnection:
-    """A WebSocket frame connection to ``ws://host:port``, or ``wss://`` when given a TLS client context."""
+            path: str = "/", tls: ssl.SSLContext | None = None, allocate=None) -> WebSocketConnection:
+    """A WebSocket frame connection to ``ws://host:port``, or ``wss://`` when given a TLS client context;
+    received tensors go into ``allocate(shape, dtype)``'s arrays when given (a peer's buffer pool)."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as error:
@@ -168,7 +169,7 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
         sock = wrap_client(sock, tls, host, port, scheme)
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     protocol = ClientProtocol(parse_uri(f"{scheme}://{authority}{path}"), max_size=_max_size(limits))
-    connection = WebSocketConnection(sock, protocol, limits)
+    connection = WebSocketConnection(sock, protocol, limits, allocate)
     protocol.send_request(protocol.connect())
     connection._flush()
     while True:
