@@ -127,6 +127,10 @@ def recheck(checkout: Path, survivors: dict, tests: list[str]) -> dict:
             raise SystemExit(f"recheck: the tests would import {found.strip()}, not the patched copy")
         for name, diff in survivors.items():
             lines = diff.splitlines()
+            if not any(line.startswith("--- ") for line in lines):  # mutmut could not show it
+                verdicts[name] = "not applied"
+                print(f"{verdicts[name]:<12}{name}", flush=True)
+                continue
             path = work / next(line[4:] for line in lines if line.startswith("--- "))
             hunk = lines[next(i for i, line in enumerate(lines) if line.startswith("@@")) + 1:]
             source = path.read_text()
