@@ -113,7 +113,7 @@ def run_group(checkout: Path, modules: list[str], tests: list[str], children: in
             "untested": kept["no tests"], "timeouts": kept["timeout"]}
 
 
-def recheck(checkout: Path, survivors: dict, tests: list[str]) -> dict:
+def recheck(checkout: Path, survivors: dict, tests: list[str], seconds: float = None) -> dict:
     """Judge survivors again without mutmut: patch each one's diff (as ``mutmut show`` prints it)
     into a plain copy of the checkout and run ``tests``; {mutant: killed | survived | not applied}."""
     verdicts = {}
@@ -146,7 +146,7 @@ def recheck(checkout: Path, survivors: dict, tests: list[str]) -> dict:
             path.write_text(source.replace(old, new))
             try:
                 ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
-                                     cwd=work, env=env, capture_output=True, timeout=RECHECK_SECONDS)
+                                     cwd=work, env=env, capture_output=True, timeout=seconds or RECHECK_SECONDS)
                 verdicts[name] = "survived" if ran.returncode == 0 else "killed"
             except subprocess.TimeoutExpired:  # a hang the tests would also hit: caught
                 verdicts[name] = "timeout"
@@ -175,6 +175,8 @@ def main(argv=None) -> int:
     parser.add_argument("--recheck", metavar="FILE", help="judge the survivors, untested and timed-out mutants in FILE (a --json "
                         "report) again without mutmut, by the tests that cannot run under it (or --tests); --only picks some")
     parser.add_argument("--only", metavar="TEXT", default="", help="with --recheck: survivors whose name contains TEXT")
+    parser.add_argument("--seconds", type=float, help=f"with --recheck: a test run longer than this is a hang, caught as a "
+                        f"timeout (default {RECHECK_SECONDS}; several times the tests' own time)")
     args = parser.parse_args(argv)
     if args.recheck:
         report = json.loads(Path(args.recheck).read_text())
@@ -185,7 +187,7 @@ def main(argv=None) -> int:
         shares = [{name: survivors[name] for name in names[k::args.children]} for k in range(args.children)]
         tests = args.tests or TRAMPOLINE_SHY
         with concurrent.futures.ThreadPoolExecutor(args.children) as pool:  # a copy of the checkout each
-            judged = pool.map(lambda share: recheck(args.checkout, share, tests), shares)
+            judged = pool.map(lambda share: recheck(args.checkout, share, tests, args.seconds), shares)
             verdicts = {name: verdict for share in judged for name, verdict in share.items()}
         print(collections.Counter(verdicts.values()))
         if args.json:
