@@ -8,6 +8,7 @@ the row's name) is checked on every local backend, so an added op needs only its
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import numpy as np
@@ -189,3 +190,25 @@ def test_remote_matches_local(name, scheme, peer, data):
         assert host.shape == out.shape and host.dtype.name == out.dtype.name, f"{name}: meta vs peer output {i}"
         if i in determined:
             np.testing.assert_array_equal(host, em.asnumpy(expected[i]), err_msg=f"{name} output {i}")
+
+
+ELEMENTWISE = sorted(name for name, op in OPS.items() if op.family.startswith("elementwise"))
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_elementwise_functions_take_the_standards_positional_parameters(name):
+    """The standard's names, positional-only: ``f(x, /)`` and ``f(x1, x2, /)``."""
+    parameters = inspect.signature(getattr(em, name)).parameters.values()
+    expected = ["x"] if len(OPS[name].inputs) == 1 else ["x1", "x2"]
+    assert [p.name for p in parameters if p.kind is p.POSITIONAL_ONLY] == expected, name
+
+
+@pytest.mark.parametrize("name", [name for name in ELEMENTWISE if OPS[name].lift])
+def test_rows_that_lift_take_integer_arrays_as_the_default_float(name):
+    """``sin(int array)`` is ``sin`` of the same values as float64 (the namespace casts; the row itself refuses them)."""
+    op, function = OPS[name], getattr(em, name)
+    ints = [em.asarray([1, 2, 3]) for _ in op.inputs]
+    floats = [em.asarray([1.0, 2.0, 3.0]) for _ in op.inputs]
+    lifted, expected = function(*ints), function(*floats)
+    assert lifted.dtype == expected.dtype == em.float64, name
+    np.testing.assert_array_equal(em.asnumpy(lifted), em.asnumpy(expected))
