@@ -18,7 +18,9 @@ def _transform_examples(kind):
         x = g.array(shape, g.dtype(category), low=-3, high=3)
         if kind.endswith("n"):  # all axes, or some in any order; lengths of their own or given
             axes = None if g.flag() else tuple(g.permutation(range(len(shape))))[:g.integer(1, len(shape))]
-            lengths = None if g.flag() else tuple(g.integer(2, 5) for _ in (axes if axes is not None else shape))
+            # lengths for the axes given, or (axes=None) for the last few axes: s alone picks its axes
+            count = len(axes) if axes is not None else g.integer(1, len(shape))
+            lengths = None if g.flag() else tuple(g.integer(2, 5) for _ in range(count))
             return (x,), {"s": lengths, "axes": axes, "norm": g.choice(_NORMS)}
         axis = g.integer(-len(shape), len(shape) - 1)
         return (x,), {"n": g.choice([None, g.integer(1, 6)]), "axis": axis, "norm": g.choice(_NORMS)}
