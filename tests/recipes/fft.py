@@ -6,6 +6,8 @@ from ember import dtypes as dt
 from ember.errors import ArgumentError, ShapeError
 from ember.ops.fft import _KINDS, _NORMS
 
+from . import samples
+
 EXAMPLES = {}
 BAD_EXAMPLES = {}
 
@@ -28,8 +30,7 @@ def _transform_examples(kind):
 
 
 def _bad(shape, attrs, error, complex_input=False):
-    """A recipe for one fixed refusal of a transform."""
-    return lambda g: ((g.array(shape, dt.complex128 if complex_input else dt.float64),), attrs, error)
+    return samples.refusal([shape], attrs, error, default=dt.complex128 if complex_input else dt.float64)
 
 
 for _kind in _KINDS:

@@ -6,6 +6,8 @@ from ember import dtypes as dt
 from ember.errors import ArgumentError, DTypeError, IndexingError, ShapeError
 from ember.ops.indexing import ELLIPSIS
 
+from . import samples
+
 
 def _getitem_examples(g):
     shape = g.shape(min_dims=1, min_side=1)
@@ -53,12 +55,7 @@ EXAMPLES = {
     "scatter_add": _scatter_add_examples,
 }
 
-def _bad(shapes, attrs, error, dtypes=()):
-    """A recipe for one fixed refusal: arrays of the given shapes (float64 unless ``dtypes`` says)."""
-    def recipe(g):
-        kinds = list(dtypes) + [dt.float64] * (len(shapes) - len(dtypes))
-        return tuple(g.array(shape, dtype, low=0, high=1) for shape, dtype in zip(shapes, kinds)), attrs, error
-    return recipe
+_bad = samples.refusal
 
 
 BAD_EXAMPLES = {

@@ -9,6 +9,8 @@ from ember import dtypes as dt
 from ember.errors import ArgumentError, AxisError, ShapeError
 from ember.ops.linalg import _MATRIX_ORDS
 
+from . import samples
+
 
 def _matmul_examples(g):
     dtype = g.dtype("numeric")
@@ -99,9 +101,7 @@ def _vector_norm_examples(g):
     return (g.array(shape, g.dtype("floating")),), {"axis": axes, "keepdims": g.flag(), "ord": ord_}
 
 
-def _bad(arrays, attrs, error):
-    """A recipe for one fixed refusal: float64 arrays of the given shapes."""
-    return lambda g: (tuple(g.array(shape, dt.float64) for shape in arrays), attrs, error)
+_bad = samples.refusal
 
 
 EXAMPLES = {

@@ -115,8 +115,7 @@ EXAMPLES = {
 }
 
 def _bad(shapes, attrs, error):
-    """A recipe for one fixed refusal: int64 arrays of the given shapes."""
-    return lambda g: (tuple(g.array(shape, dt.int64) for shape in shapes), attrs, error)
+    return samples.refusal(shapes, attrs, error, default=dt.int64)
 
 
 BAD_EXAMPLES = {

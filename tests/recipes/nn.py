@@ -138,12 +138,7 @@ EXAMPLES.update({
     "scaled_dot_product_attention": _attention_examples,
 })
 
-def _bad(shapes, attrs, error, dtypes=()):
-    """A recipe for one fixed refusal: arrays of the given shapes (float64 unless ``dtypes`` says)."""
-    def recipe(g):
-        kinds = list(dtypes) + [dt.float64] * (len(shapes) - len(dtypes))
-        return tuple(g.array(shape, dtype, low=0, high=1) for shape, dtype in zip(shapes, kinds)), attrs, error
-    return recipe
+_bad = samples.refusal
 
 
 _CONV = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}

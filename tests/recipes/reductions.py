@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember import dtypes as dt
 from ember.errors import ArgumentError, ShapeError
 from ember.ops import OPS
 
@@ -45,9 +44,7 @@ def _arg_examples(g):
     return (g.array(shape, g.dtype("real numeric")),), {"axis": axis, "keepdims": g.flag()}
 
 
-def _bad(shapes, attrs, error):
-    """A recipe for one fixed refusal: float64 arrays of the given shapes."""
-    return lambda g: (tuple(g.array(shape, dt.float64) for shape in shapes), attrs, error)
+_bad = samples.refusal
 
 
 for _name in ("argmax", "argmin"):

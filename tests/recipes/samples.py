@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ember import dtypes as dt
 from ember.errors import AxisError, DTypeError, ShapeError
 
 # dtype categories whose complement is easy to draw from, for "wrong dtype kind" recipes
@@ -81,4 +82,13 @@ def bad_axis(category):
     def recipe(g):
         shape = g.shape(min_dims=1, max_dims=3)
         return (g.array(shape, g.dtype(category)),), {"axis": len(shape) + g.integer(0, 2)}, AxisError
+    return recipe
+
+
+def refusal(shapes, attrs, error, dtypes=(), default=dt.float64):
+    """A recipe for one fixed refusal: arrays of ``shapes`` (``dtypes`` for the first ones, ``default``
+    for the rest; values in [0, 1], valid as indices), ``attrs`` and the error the row must raise."""
+    def recipe(g):
+        kinds = list(dtypes) + [default] * (len(shapes) - len(dtypes))
+        return tuple(g.array(shape, dtype, low=0, high=1) for shape, dtype in zip(shapes, kinds)), attrs, error
     return recipe
