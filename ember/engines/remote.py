@@ -11,7 +11,6 @@ next op, so a chain of large arrays holds on the peer what it holds locally.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import secrets
 import threading
@@ -120,7 +119,7 @@ class RemoteEngine(Engine):
                 metas = tuple(Meta(tuple(s), m.dtype) for s, m in zip(shapes, metas))
                 return outs, metas
             for meta in metas:
-                self._made_bytes += math.prod(meta.shape) * meta.dtype.itemsize
+                self._made_bytes += meta.nbytes
             if len(pending) == 1:
                 self._first_pending = _clock()
             elif len(pending) >= BATCH_OPS or (len(pending) & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
@@ -155,7 +154,7 @@ class RemoteEngine(Engine):
                 self._queue_drops()
             for _, node in graph.outputs:
                 meta = graph.metas[node]
-                self._made_bytes += math.prod(meta.shape) * meta.dtype.itemsize
+                self._made_bytes += meta.nbytes
             if not self._pending:
                 self._first_pending = _clock()
             self._pending.append(("run", gid, tuple(h.id for h in inputs), tuple(o.id for o in outs)))

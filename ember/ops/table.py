@@ -37,6 +37,11 @@ class Meta(NamedTuple):
         return len(self.shape)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the array's data (its shape must be known)."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
     def size(self) -> int | None:
         return None if None in self.shape else math.prod(self.shape)
 

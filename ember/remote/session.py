@@ -188,10 +188,6 @@ def _check_id(tid) -> None:
         raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
 
 
-def _nbytes(meta: Meta) -> int:
-    return math.prod(meta.shape) * meta.dtype.itemsize
-
-
 def _error_kind(error: Exception) -> str:
     return type(error).__name__ if isinstance(error, EmberError) else "ExecutionError"
 
@@ -305,7 +301,7 @@ class Session:
         if self._sent:
             self._sent.pop(tid, None)
         if meta is not None:
-            nbytes = _nbytes(meta)
+            nbytes = meta.nbytes
             if not counted:
                 try:
                     self._take("put", nbytes)
@@ -416,7 +412,7 @@ class Session:
             simple = len(out_metas) == 1 and op.scratch is None and not op.data_dependent
             if simple:
                 meta = out_metas[0]
-                need = math.prod(meta.shape) * meta.dtype.itemsize
+                need = meta.nbytes
                 if need > self.limits.max_tensor_bytes:
                     self._check_size(name, out_metas)
             else:
@@ -458,7 +454,7 @@ class Session:
         if len(outputs) == 1 and not partly:
             kept = (reserved,)
         else:
-            kept = [_nbytes(m) for m in out_metas]
+            kept = [m.nbytes for m in out_metas]
             if partly:
                 self._give(reserved - sum(kept))
         tensors, known, sizes = self.tensors, self.metas, self.sizes
@@ -486,7 +482,7 @@ class Session:
             if None in shape:  # its size is checked against the tensor limit once it is known
                 need += max(math.prod(m.shape) for m in in_metas) * meta.dtype.itemsize  # such ops have inputs
                 continue
-            nbytes = math.prod(shape) * meta.dtype.itemsize
+            nbytes = meta.nbytes
             if nbytes > self.limits.max_tensor_bytes:
                 self._check_size(op.name, (meta,))
             need += nbytes
@@ -683,7 +679,7 @@ class Session:
     def _check_size(self, name, out_metas) -> None:
         limit = self.limits.max_tensor_bytes
         for meta in out_metas:
-            if None not in meta.shape and math.prod(meta.shape) * meta.dtype.itemsize > limit:
+            if None not in meta.shape and meta.nbytes > limit:
                 raise ResourceLimitError(f"{name}: an output of shape {meta.shape} {meta.dtype} exceeds the peer's "
                                          f"tensor limit of {limit} bytes")
 
@@ -704,7 +700,7 @@ class Session:
         if value is None:
             value = Poison("ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)")
         elif type(value) is not Poison:
-            nbytes = _nbytes(meta)
+            nbytes = meta.nbytes
             reason = self._reserve(nbytes)
             if reason is not None:
                 value, nbytes = Poison("ResourceLimitError", f"grant of tensor {tid}: {reason}"), 0
@@ -738,13 +734,13 @@ class Session:
                 raise ResourceLimitError(f"transfer from {job.source}: {FETCHES_PER_SESSION} transfers to this session "
                                          f"are running already; read some of their tensors first")
             self._check_size(f"transfer from {job.source}", (meta,))
-            self._take(f"transfer from {job.source}", _nbytes(meta))
+            self._take(f"transfer from {job.source}", meta.nbytes)
         except ResourceLimitError as error:
             self._poison((tid,), "ResourceLimitError", str(error))
             return
         self._store(tid, None, None, False)  # whatever the id held goes
         self.tensors.pop(tid, None)
-        self.sizes[tid] = _nbytes(meta)
+        self.sizes[tid] = meta.nbytes
         self.incoming[tid] = job
         if self.runner is not None:
             self.runner(job)
