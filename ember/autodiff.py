@@ -196,10 +196,17 @@ def _inner_device(node, gs) -> Device:
 
 # --- the functional API ----------------------------------------------------------------------------------
 
+_tracing = [0]  # how many grad functions are running their function now
+
+
 def _track(x) -> Array:
     """A fresh leaf requiring grad over x's value, on autodiff(x's device)."""
     if not isinstance(x, Array):
         raise DTypeError(f"grad: differentiated arguments must be ember arrays (or containers of them), got {type(x).__name__}")
+    if _tracing[0] and getattr(x._handle, "requires_grad", False):
+        # the inner grad would differentiate a detached copy: the outer gradient would be a silent zero
+        raise NotSupportedError("grad: higher-order gradients are not supported: this grad runs inside another and "
+                                "differentiates a value the outer one tracks")
     inner = x.device.inner()
     handle = x._handle.handle if type(x._handle) is Var else x._handle
     if not dt.in_category(x.dtype, "real floating"):
@@ -223,8 +230,12 @@ def value_and_grad(function, argnums=0, has_aux: bool = False):
             ad = [_track(leaf) for leaf in leaves]
             tracked[i] = (structure, ad)
             args[i] = unflatten(structure, ad)
-        with enable_grad():
-            out = function(*args, **kwargs)
+        _tracing[0] += 1
+        try:
+            with enable_grad():
+                out = function(*args, **kwargs)
+        finally:
+            _tracing[0] -= 1
         value, aux = out if has_aux else (out, None)
         if not isinstance(value, Array) or value.size != 1:
             raise EmberError(f"grad: the function must return a scalar array, got "

@@ -248,20 +248,20 @@ _FINFO = {
 }
 
 
-def finfo(type_) -> finfo_object:
+def finfo(type, /) -> finfo_object:  # the standard names the parameter type
     """Limits of a floating dtype; complex dtypes report their real component's limits."""
-    dtype = type_ if isinstance(type_, DType) else getattr(type_, "dtype", None)
+    dtype = type if isinstance(type, DType) else getattr(type, "dtype", None)
     if not isinstance(dtype, DType) or dtype.kind not in (REAL, COMPLEX):
-        raise DTypeError(f"finfo: expected a floating dtype or array, got {type_!r}")
+        raise DTypeError(f"finfo: expected a floating dtype or array, got {type!r}")
     bits, eps, mx, smallest = _FINFO[real_of(dtype)]
     return finfo_object(bits, eps, mx, -mx, smallest, real_of(dtype))
 
 
-def iinfo(type_) -> iinfo_object:
+def iinfo(type, /) -> iinfo_object:
     """Limits of an integer dtype."""
-    dtype = type_ if isinstance(type_, DType) else getattr(type_, "dtype", None)
+    dtype = type if isinstance(type, DType) else getattr(type, "dtype", None)
     if not isinstance(dtype, DType) or dtype.kind not in (SIGNED, UNSIGNED):
-        raise DTypeError(f"iinfo: expected an integer dtype or array, got {type_!r}")
+        raise DTypeError(f"iinfo: expected an integer dtype or array, got {type!r}")
     if dtype.kind == SIGNED:
         return iinfo_object(dtype.bits, 2 ** (dtype.bits - 1) - 1, -(2 ** (dtype.bits - 1)), dtype)
     return iinfo_object(dtype.bits, 2**dtype.bits - 1, 0, dtype)

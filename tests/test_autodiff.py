@@ -14,7 +14,7 @@ import ember as em
 from ember import dtypes as dt
 from ember.array import bind
 from ember.backends.numpy import EMBER
-from ember.errors import DTypeError, EmberError
+from ember.errors import DTypeError, EmberError, NotSupportedError
 from ember.ops import NO_GRADIENT, OPS
 from ember.ops.gradients import NotDifferentiable
 from ember.ops.table import Meta
@@ -35,6 +35,43 @@ FLOAT64_ONLY = (dt.float64, dt.int64, dt.bool_)
 def test_every_row_has_a_gradient_rule_or_says_why_not():
     for name, op in OPS.items():
         assert op.grad is NO_GRADIENT or isinstance(op.grad, NotDifferentiable) or callable(op.grad), name
+
+
+@pytest.mark.parametrize("name", [name for name, op in OPS.items()
+                                  if op.family == "elementwise binary" and callable(op.grad) and name in DIFFERENTIABLE])
+@pytest.mark.parametrize("side", [0, 1])
+def test_a_python_scalar_operand_gives_the_gradient_a_zero_d_array_gives(name, side):
+    """``2.0 ** x``, ``x - 1.5``: a rule meets a Python scalar where an array usually is, and takes no gradient for it."""
+    function = getattr(em, name)
+    values = np.array([0.7, 1.3, 2.2])
+    grads = []
+    for scalar in (1.5, em.asarray(1.5)):
+        x = em.asarray(values, device=em.autodiff("numpy")).requires_grad_()
+        operands = (scalar, x) if side == 0 else (x, scalar)
+        em.sum(function(*operands)).backward()
+        grads.append(None if x.grad is None else em.asnumpy(x.grad))  # nextafter: none for x2
+    if grads[1] is None:
+        assert grads[0] is None
+    else:
+        np.testing.assert_allclose(grads[0], grads[1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", [name for name, op in OPS.items() if isinstance(op.grad, NotDifferentiable)])
+@given(data=st.data())
+def test_backward_through_a_row_without_a_gradient_says_which_and_why(name, data):
+    """``qr``, ``pinv`` and the cotangent rows of conv2d and max_pool2d (a second derivative): the backward pass
+    stops with NotSupportedError naming the row and its reason, and the tape's arrays stay usable."""
+    op = OPS[name]
+    arrays, attrs = EXAMPLES[name](Drawer(data, (dt.float64,)))
+    inputs = tuple(em.asarray(a, device=em.autodiff("numpy")) for a in arrays)
+    for x in inputs:
+        if x.dtype == em.float64:
+            x.requires_grad_()
+    out = bind(op, inputs, {**op.attrs, **attrs})
+    first = out[0] if isinstance(out, tuple) else out
+    with pytest.raises(NotSupportedError, match=rf"^backward: {name}: .*(not implemented|not supported)"):
+        em.sum(first).backward()
+    assert em.asnumpy(first).shape == first.shape
 
 
 def _example(name, data, pin=None):

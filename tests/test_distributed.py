@@ -220,7 +220,7 @@ def test_mismatched_shapes_dtypes_and_non_peers_are_refused_by_name(peers):
                                                r"got 'avg'$"):
         dist.all_reduce([x, y], op="avg")
     integers = [em.asarray(np.ones(2, np.int64), device=d) for d in (a, b)]
-    with pytest.raises(em.DTypeError, match=r"^all_reduce\(op='mean'\): divide: input must have a floating dtype, got int64"):
+    with pytest.raises(em.DTypeError, match=r"^all_reduce\(op='mean'\): divide: inputs must have a floating dtype, got int64"):
         dist.all_reduce(integers, op="mean")
     with pytest.raises(em.DTypeError, match=r"^all_reduce\(op='max'\): maximum: .*complex128"):
         dist.all_reduce([em.asarray(np.ones(2, complex), device=d) for d in (a, b)], op="max")

@@ -20,7 +20,7 @@ def test_error_tree():
     (lambda: em.add(em.ones(3), em.ones(4)), ValueError, r"^add: shapes \(3,\) and \(4,\) cannot be broadcast together"),
     (lambda: em.sum(em.ones((2, 2)), axis=2), IndexError, r"^sum: axis 2 is out of bounds for an array of dimension 2"),
     (lambda: em.bitwise_and(em.ones(2), em.ones(2)), TypeError,
-     r"^bitwise_and: input must have an integral or bool dtype, got float64"),
+     r"^bitwise_and: inputs must have an integral or bool dtype, got float64"),
     (lambda: em.reshape(em.ones(6), (4, 2)), ValueError,
      r"^reshape: cannot reshape an array of shape \(6,\) \(size 6\) into shape \(4, 2\)"),
     (lambda: em.linalg.inv(em.ones((2, 3))), ValueError, r"^inv: input must be a stack of square matrices, got shape \(2, 3\)"),

@@ -139,9 +139,10 @@ def test_numpy_and_torch_agree(name, data):
         np.testing.assert_allclose(a, e, equal_nan=True, **tolerance, err_msg=f"{name} output {i}")
 
 
-def _names_the_offender(message: str, arrays, attrs, error) -> bool:
+def _names_the_offender(message: str, arrays, attrs, error, inputs=()) -> bool:
     """Whether a refusal's message names what it refuses: every input's shape for a shape error, an input's
-    dtype (or the offending attribute) for a dtype error, the offending attribute — its name and its value — or
+    dtype (or the offending attribute) for a dtype error — and, where the row takes several arrays, which of
+    them (by its name in the row, or "inputs" for all) —, the offending attribute — its name and its value — or
     the (first) array's shape for any other."""
     shapes = [fmt_shape(a.shape) for a in arrays]
     dtypes = [dt.FROM_NUMPY[a.dtype].name for a in arrays]
@@ -155,7 +156,8 @@ def _names_the_offender(message: str, arrays, attrs, error) -> bool:
     if isinstance(error, ShapeError):
         return all(shape in message for shape in shapes)
     if isinstance(error, DTypeError):
-        return attribute or any(re.search(rf"\b{name}\b", message) for name in dtypes)
+        which = len(inputs) < 2 or any(re.search(rf"\b{name.lstrip('*')}\b", message) for name in (*inputs, "inputs"))
+        return attribute or (which and any(re.search(rf"\b{name}\b", message) for name in dtypes))
     return attribute or first_shape  # a missing attribute (axis=None where one is needed) is named by the array
 
 
@@ -170,7 +172,8 @@ def test_bad_inputs_raise_typed_errors(name, case, device_name, data):
     assert isinstance(info.value, EmberError), f"{name} raised a raw {type(info.value).__name__}: {info.value}"
     message = str(info.value)
     assert message.startswith(f"{name}:"), f"the message does not name the op: {info.value}"
-    assert _names_the_offender(message, arrays, attrs, info.value), f"the message does not name the offender: {message}"
+    named = _names_the_offender(message, arrays, attrs, info.value, op.inputs)
+    assert named, f"the message does not name the offender: {message}"
 
 
 @pytest.mark.parametrize("scheme", REMOTE_SCHEMES)
@@ -201,6 +204,72 @@ def test_elementwise_functions_take_the_standards_positional_parameters(name):
     parameters = inspect.signature(getattr(em, name)).parameters.values()
     expected = ["x"] if len(OPS[name].inputs) == 1 else ["x1", "x2"]
     assert [p.name for p in parameters if p.kind is p.POSITIONAL_ONLY] == expected, name
+
+
+def _standard_functions():
+    """(ember's function, array-api-strict's) for every function both namespaces define."""
+    import array_api_strict as xps
+
+    pairs = []
+    for ours, theirs in ((em, xps), (em.linalg, xps.linalg), (em.fft, xps.fft)):
+        for name in sorted(dir(theirs)):
+            reference, function = getattr(theirs, name), getattr(ours, name, None)
+            if not name.startswith("_") and inspect.isfunction(reference) and callable(function):
+                pairs.append(pytest.param(function, reference, id=f"{ours.__name__}.{name}"))
+    assert len(pairs) > 150, "array-api-strict's namespace was not read"
+    return pairs
+
+
+@pytest.mark.parametrize(("function", "reference"), _standard_functions())
+def test_functions_take_the_standards_parameters(function, reference):
+    """Every function of the standard takes its parameters by the standard's names (checked against array-api-strict's
+    signatures): the positional ones in order, those it makes positional-only positional here too (ember's ``eye``
+    also takes ``n_cols`` by keyword, as NumPy does), and the same keyword-only ones."""
+    ours, theirs = (list(inspect.signature(f).parameters.values()) for f in (function, reference))
+    kinds = inspect.Parameter
+    positional = (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD, kinds.VAR_POSITIONAL)
+    assert [p.name for p in ours if p.kind in positional] == [p.name for p in theirs if p.kind in positional]
+    assert {p.name for p in ours if p.kind is kinds.KEYWORD_ONLY} == {p.name for p in theirs if p.kind is kinds.KEYWORD_ONLY}
+    by_keyword = {p.name for p in theirs if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+    assert all(p.kind is not kinds.POSITIONAL_ONLY for p in ours if p.name in by_keyword)
+
+
+def test_rows_name_their_inputs_as_the_standard_does():
+    """One array input is ``x`` and any number of them ``*arrays``, as in the standard (whose functions then show
+    them: see the test above)."""
+    for op in OPS.values():
+        assert len(op.inputs) != 1 or op.inputs in (("x",), ("*arrays",)), op.name
+
+
+def _namespace_function(name):
+    return next(f for module in (em, em.linalg, em.fft, em.nn) if callable(f := getattr(module, name, None)))
+
+
+@pytest.mark.parametrize("name", [name for name, op in OPS.items() if op.lift and name not in ELEMENTWISE])
+@given(data=st.data())
+def test_every_row_that_lifts_takes_integer_arrays_as_the_default_float(name, data):
+    """``linalg.inv(int matrix)``, ``mean(int array)``, ``nn.relu(int array)``: the example's arrays rounded to
+    integers give what the same values as float64 give (the namespace casts; the rows refuse integers)."""
+    arrays, attrs = EXAMPLES[name](Drawer(data, supported_dtypes(em.device("numpy"))))
+    assume(all(a.dtype.kind == "f" for a in arrays))
+    ints = [np.round(a * 3).astype(np.int64) for a in arrays]
+    function = _namespace_function(name)
+    outcomes = []
+    for inputs in (ints, [i.astype(np.float64) for i in ints]):
+        try:
+            out = function(*(em.asarray(i) for i in inputs), **attrs)
+            outs = out if isinstance(out, tuple) else (out,)
+            outcomes.append([(o.dtype, em.asnumpy(o)) for o in outs])
+        except EmberError as error:  # a singular matrix, say: the same refusal both ways
+            outcomes.append(type(error))
+    lifted, expected = outcomes
+    if isinstance(expected, type):
+        assert lifted is expected, name
+        return
+    assert not isinstance(lifted, type), f"{name} refused integer inputs: {lifted.__name__}"
+    for (dtype, value), (expected_dtype, expected_value) in zip(lifted, expected):
+        assert dtype == expected_dtype and dtype.kind != dt.SIGNED, name
+        np.testing.assert_array_equal(value, expected_value)
 
 
 @pytest.mark.parametrize("name", [name for name in ELEMENTWISE if OPS[name].lift])

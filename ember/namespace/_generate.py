@@ -41,7 +41,8 @@ def promote_all(op_name: str, arrays: tuple) -> tuple:
     return tuple(astype_raw(a, common) if isinstance(a, Array) else a for a in arrays)
 
 
-def _signature(op) -> inspect.Signature:
+def signature(op) -> inspect.Signature:
+    """The Python signature of row ``op``'s namespace function: arrays positional-only, then attributes."""
     P = inspect.Parameter
     params = [P(n.lstrip("*"), P.POSITIONAL_ONLY) for n in op.inputs]
     only = "/" in op.positional
@@ -73,7 +74,7 @@ def from_row(op_name: str, name: str | None = None):
     keywords = defaults.keys() - set(op.positional[:op.positional.index("/")] if "/" in op.positional else ())
     required = any(d is REQUIRED for d in defaults.values())
     creation = not op.inputs
-    needs_lift = op.lift is not None
+    needs_lift = op.lift
     promote = op.promote_inputs
 
     def function(*args, **kwargs):
@@ -106,7 +107,7 @@ def from_row(op_name: str, name: str | None = None):
 
     function.__name__ = function.__qualname__ = name
     function.__doc__ = op.doc
-    function.__signature__ = _signature(op)
+    function.__signature__ = signature(op)
     return function
 
 

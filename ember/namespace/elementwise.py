@@ -11,14 +11,14 @@ from .. import dtypes as dt
 from ..array import Array, bind
 from ..errors import DTypeError, EmberError, with_prefix
 from ..ops import OPS
-from ._generate import astype_raw
+from ._generate import astype_raw, signature
 
 _LOWER_KINDS = (dt.BOOL, dt.SIGNED, dt.UNSIGNED)
 _EMPTY: dict = {}
 
 
 def _unary(op):
-    lifts = op.lift is not None
+    lifts = op.lift
 
     def function(x, /):
         if type(x) is not Array:
@@ -29,6 +29,7 @@ def _unary(op):
 
     function.__name__ = function.__qualname__ = op.name
     function.__doc__ = op.doc
+    function.__signature__ = signature(op)  # the row's input names, as every generated function shows them
     return function
 
 
@@ -62,7 +63,7 @@ _KEEPS = {float: frozenset((dt.float32, dt.float64, dt.complex64, dt.complex128)
 
 
 def _binary(op):
-    lifts = op.lift is not None
+    lifts = op.lift
 
     def function(x1, x2, /):
         if type(x1) is Array:
@@ -80,6 +81,7 @@ def _binary(op):
 
     function.__name__ = function.__qualname__ = op.name
     function.__doc__ = op.doc
+    function.__signature__ = signature(op)
     return function
 
 

@@ -18,7 +18,7 @@ SAME, BOOL, REAL = "same", "bool", "real"
 _RESULT = {SAME: lambda d: d, BOOL: lambda d: dt.bool_, REAL: dt.real_of}
 
 
-def unary(name, category, result=SAME, lift=None, *, grad, doc=""):
+def unary(name, category, result=SAME, lift=False, *, grad, doc):
     """Define ``name(x)``: accepts ``category``, returns the same shape and the ``result`` dtype."""
     to_result = _RESULT[result]
 
@@ -29,13 +29,13 @@ def unary(name, category, result=SAME, lift=None, *, grad, doc=""):
     return define(Op(name, ("x",), {}, meta, family="elementwise unary", doc=doc, lift=lift, grad=grad))
 
 
-def binary(name, category, result=SAME, lift=None, *, grad, doc=""):
+def binary(name, category, result=SAME, lift=False, *, grad, doc):
     """Define ``name(x1, x2)``: broadcasting, operands of one dtype from ``category``."""
     to_result = _RESULT[result]
 
     def meta(x1, x2):
         dtype = dt.promote(x1.dtype, x2.dtype)
-        require(dtype, category)
+        require(dtype, category, "inputs")  # their common dtype
         return Meta(broadcast_shapes(x1.shape, x2.shape), to_result(dtype))
 
     return define(Op(name, ("x1", "x2"), {}, meta, family="elementwise binary", doc=doc, lift=lift, grad=grad))
@@ -80,7 +80,7 @@ _DERIVATIVES = {  # f'(x) of the floating functions, as derivative(xp, out, x)
     "reciprocal": lambda xp, out, x: -(out * out),
 }
 for _name, _derivative in _DERIVATIVES.items():
-    unary(_name, FLOATING, lift=FLOATING, grad=_holomorphic(_derivative),
+    unary(_name, FLOATING, lift=True, grad=_holomorphic(_derivative),
           doc=f"Elementwise {_name}; integer and bool inputs lift to float64.")
 
 
@@ -130,7 +130,9 @@ def _binary(rule):
 def _pow_exponent_grad(xp, g, out, x1):
     """d x1**x2 / d x2 = x1**x2 · log x1, taken as 0 where x1 ≤ 0 (0**x2 is flat in x2); for complex x1, log's
     principal branch, and 0 at x1 = 0."""
-    keep = x1 != 0 if getattr(x1, "dtype", None) in (dt.complex64, dt.complex128) else x1 > 0
+    if not hasattr(x1, "shape"):  # a Python scalar base, as in 2.0 ** x
+        x1 = xp.asarray(x1, dtype=out.dtype, device=out.device)
+    keep = x1 != 0 if x1.dtype in (dt.complex64, dt.complex128) else x1 > 0
     return g * conj(xp, xp.where(keep, out * xp.log(xp.where(keep, x1, 1.0)), 0.0))
 
 
@@ -140,7 +142,7 @@ for _name, _rule in {
     "multiply": lambda xp, g, out, x1, x2: (g * conj(xp, x2), g * conj(xp, x1)),
 }.items():
     binary(_name, "numeric", grad=_binary(_rule), doc=f"Elementwise {_name}.")
-binary("divide", FLOATING, lift=FLOATING, grad=_binary(lambda xp, g, out, x1, x2: (g / conj(xp, x2), -g * conj(xp, out / x2))),
+binary("divide", FLOATING, lift=True, grad=_binary(lambda xp, g, out, x1, x2: (g / conj(xp, x2), -g * conj(xp, out / x2))),
        doc="True division; integer inputs lift to float64.")
 binary("pow", "numeric", grad=_binary(lambda xp, g, out, x1, x2: (
     g * conj(xp, x2 * xp.pow(x1, x2 - 1)), _pow_exponent_grad(xp, g, out, x1) if hasattr(x2, "shape") else None)),
@@ -161,12 +163,12 @@ binary("minimum", "real numeric",
        doc="Smaller of the two (NaN propagates).")
 for _name, _rule in {
     "atan2": lambda xp, g, out, x1, x2: (g * x2 / (x1 * x1 + x2 * x2), -g * x1 / (x1 * x1 + x2 * x2)),
-    "copysign": lambda xp, g, out, x1, x2: (g * xp.sign(x1) * xp.sign(out), None),
+    "copysign": lambda xp, g, out, x1, x2: (g * xp.sign(x1) * xp.sign(out) if hasattr(x1, "shape") else None, None),
     "hypot": lambda xp, g, out, x1, x2: (g * x1 / out, g * x2 / out),
     "nextafter": lambda xp, g, out, x1, x2: (g, None),
     "logaddexp": lambda xp, g, out, x1, x2: (g * xp.exp(x1 - out), g * xp.exp(x2 - out)),
 }.items():
-    binary(_name, "real floating", lift="real floating", grad=_binary(_rule), doc=f"Elementwise {_name}.")
+    binary(_name, "real floating", lift=True, grad=_binary(_rule), doc=f"Elementwise {_name}.")
 for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
     binary(_name, "integral or bool", grad=NO_GRADIENT, doc=f"Elementwise {_name}.")
 for _name in ("bitwise_left_shift", "bitwise_right_shift"):

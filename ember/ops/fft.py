@@ -8,16 +8,16 @@ from .gradients import conj
 from .table import NO_GRADIENT, REQUIRED, Meta, Op, as_int, define, fmt_shape, normalize_axes, normalize_axis, require
 
 _NORMS = ("backward", "ortho", "forward")
-# (input category, output dtype from input dtype, output length from (n, input length))
+# (input category, output dtype from input dtype, output length from the transform length n)
 _COMPLEX_OUT = dt.complex_of
 _REAL_OUT = dt.real_of
 _KINDS = {
-    "fft": ("floating", _COMPLEX_OUT, lambda n, m: n),
-    "ifft": ("floating", _COMPLEX_OUT, lambda n, m: n),
-    "rfft": ("real floating", _COMPLEX_OUT, lambda n, m: n // 2 + 1),
-    "irfft": ("floating", _REAL_OUT, lambda n, m: n),
-    "hfft": ("floating", _REAL_OUT, lambda n, m: n),
-    "ihfft": ("real floating", _COMPLEX_OUT, lambda n, m: n // 2 + 1),
+    "fft": ("floating", _COMPLEX_OUT, lambda n: n),
+    "ifft": ("floating", _COMPLEX_OUT, lambda n: n),
+    "rfft": ("real floating", _COMPLEX_OUT, lambda n: n // 2 + 1),
+    "irfft": ("floating", _REAL_OUT, lambda n: n),
+    "hfft": ("floating", _REAL_OUT, lambda n: n),
+    "ihfft": ("real floating", _COMPLEX_OUT, lambda n: n // 2 + 1),
 }
 # the transform length when n is not given, from the input length along the axis
 _DEFAULT_N = {"irfft": lambda m: 2 * (m - 1), "hfft": lambda m: 2 * (m - 1)}
@@ -40,7 +40,7 @@ def _one_axis(kind):
 
     def meta(x, n, axis, norm):
         shape = list(x.shape)
-        shape[axis] = out_len(n, x.shape[axis])
+        shape[axis] = out_len(n)
         return Meta(tuple(shape), out_dtype(x.dtype))
     return canon, meta
 
@@ -53,11 +53,13 @@ def _many_axes(kind):
         if axes is None:
             axes = tuple(range(x.ndim)) if s is None else tuple(range(x.ndim - len(s), x.ndim))
         given, axes = axes, tuple(normalize_axis(a, x.ndim) for a in axes)
+        if not axes:  # NumPy would return the input unchanged, not transformed (nor complex)
+            raise ArgumentError(f"axes must name at least one axis of shape {fmt_shape(x.shape)}, got {given!r}")
         if len(set(axes)) != len(axes):
             raise ArgumentError(f"axes {given!r} name an axis of shape {fmt_shape(x.shape)} twice")
         if s is None:
             last = _DEFAULT_N.get(kind[:-1], lambda m: m)
-            s = tuple(x.shape[a] for a in axes[:-1]) + ((last(x.shape[axes[-1]]),) if axes else ())
+            s = tuple(x.shape[a] for a in axes[:-1]) + (last(x.shape[axes[-1]]),)
         s = tuple(as_int(v, "s") for v in s)
         if len(s) != len(axes):
             raise ArgumentError(f"s {s!r} and axes {axes!r} differ in length")
@@ -70,7 +72,7 @@ def _many_axes(kind):
     def meta(x, s, axes, norm):
         shape = list(x.shape)
         for i, (a, n) in enumerate(zip(axes, s)):
-            shape[a] = out_len(n, x.shape[a]) if i == len(axes) - 1 else n
+            shape[a] = out_len(n) if i == len(axes) - 1 else n
         return Meta(tuple(shape), out_dtype(x.dtype))
     return canon, meta
 
@@ -78,6 +80,7 @@ def _many_axes(kind):
 # --- gradient rules -------------------------------------------------------------------------------
 # A transform with norm N is a linear map whose adjoint is the opposite transform with the
 # swapped norm (backward <-> forward); zero-padding to n and truncation are each other's adjoints.
+# A cotangent already has the transform's lengths along its axes, so no adjoint passes n or s.
 # A real input takes the real part of its cotangent (see autodiff.py).
 
 _SWAP = {"backward": "forward", "forward": "backward", "ortho": "ortho"}
@@ -106,18 +109,18 @@ def _hermitian_weights(xp, n: int, bins: int, axis: int, ndim: int, dtype, devic
 def _rfft_adjoint(xp, g, n: int, axis: int, norm: str):
     """Adjoint of rfft along axis (output: length n, complex; its real part is the gradient)."""
     full = _resize(xp, g, n, axis)  # the missing mirrored bins get no cotangent
-    return xp.fft.ifft(full, n=n, axis=axis, norm=_SWAP[norm])
+    return xp.fft.ifft(full, axis=axis, norm=_SWAP[norm])
 
 
 def _irfft_adjoint(xp, g, n: int, axis: int, norm: str):
     """Adjoint of irfft(·, n) along axis: n//2 + 1 complex bins."""
-    spectrum = xp.fft.rfft(g, n=n, axis=axis, norm=_SWAP[norm])
+    spectrum = xp.fft.rfft(g, axis=axis, norm=_SWAP[norm])
     return spectrum * _hermitian_weights(xp, n, n // 2 + 1, axis % g.ndim, g.ndim, g.dtype, g.device)
 
 
 def _fft_grad(inverse):
     def rule(xp, g, out, x, n, axis, norm):
-        back = (xp.fft.fft if inverse else xp.fft.ifft)(g, n=n, axis=axis, norm=_SWAP[norm])
+        back = (xp.fft.fft if inverse else xp.fft.ifft)(g, axis=axis, norm=_SWAP[norm])
         return (_resize(xp, back, x.shape[axis], axis),)
     return rule
 
@@ -142,7 +145,7 @@ def _ihfft_grad(xp, g, out, x, n, axis, norm):
 
 def _fftn_grad(inverse):
     def rule(xp, g, out, x, s, axes, norm):
-        back = (xp.fft.fftn if inverse else xp.fft.ifftn)(g, s=s, axes=axes, norm=_SWAP[norm])
+        back = (xp.fft.fftn if inverse else xp.fft.ifftn)(g, axes=axes, norm=_SWAP[norm])
         for a in axes:
             back = _resize(xp, back, x.shape[a], a)
         return (back,)
@@ -152,7 +155,7 @@ def _fftn_grad(inverse):
 def _rfftn_grad(xp, g, out, x, s, axes, norm):
     # rfftn = rfft on the last axis, then fft on the others: undo in reverse order
     if len(axes) > 1:
-        g = xp.fft.ifftn(g, s=s[:-1], axes=axes[:-1], norm=_SWAP[norm])
+        g = xp.fft.ifftn(g, axes=axes[:-1], norm=_SWAP[norm])
     back = _rfft_adjoint(xp, g, s[-1], axes[-1], norm)
     for a in axes:
         back = _resize(xp, back, x.shape[a], a)
@@ -163,7 +166,7 @@ def _irfftn_grad(xp, g, out, x, s, axes, norm):
     # irfftn = ifft on the leading axes, then irfft on the last: undo in reverse order
     back = _irfft_adjoint(xp, g, s[-1], axes[-1], norm)
     if len(axes) > 1:
-        back = xp.fft.fftn(back, s=s[:-1], axes=axes[:-1], norm=_SWAP[norm])
+        back = xp.fft.fftn(back, axes=axes[:-1], norm=_SWAP[norm])
     for a in axes:
         back = _resize(xp, back, x.shape[a], a)
     return (back,)
@@ -188,12 +191,12 @@ _GRADS = {
 for _kind in _KINDS:
     _canon, _meta = _one_axis(_kind)
     define(Op(_kind, ("x",), {"n": None, "axis": -1, "norm": "backward"}, _meta, _canon, family="fft",
-              lift="floating" if _KINDS[_kind][0] == "floating" else "real floating", grad=_GRADS[_kind],
+              lift=True, grad=_GRADS[_kind],
               doc=f"One-dimensional {_kind} along axis."))
     if _kind in ("fft", "ifft", "rfft", "irfft"):
         _canon, _meta = _many_axes(_kind + "n")
         define(Op(_kind + "n", ("x",), {"s": None, "axes": None, "norm": "backward"}, _meta, _canon, family="fft",
-                  lift="floating" if _KINDS[_kind][0] == "floating" else "real floating", grad=_GRADS[_kind + "n"],
+                  lift=True, grad=_GRADS[_kind + "n"],
                   doc=f"n-dimensional {_kind} over axes."))
 
 

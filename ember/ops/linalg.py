@@ -151,9 +151,8 @@ def _square(x):
         raise ShapeError(f"input must be a stack of square matrices, got shape {fmt_shape(x.shape)}")
 
 
-def _matrix_op(name, meta, *, attrs=None, multiple=False, canon=None, determined=None, unit_free=(), symmetric_input=False,
-               grad, doc=""):
-    define(Op(name, ("x",), attrs or {}, meta, canon, family="linalg", multiple=multiple, lift="floating", determined=determined,
+def _matrix_op(name, meta, *, attrs=None, multiple=False, determined=None, unit_free=(), symmetric_input=False, grad, doc):
+    define(Op(name, ("x",), attrs or {}, meta, family="linalg", multiple=multiple, lift=True, determined=determined,
               unit_free=unit_free, symmetric_input=symmetric_input, grad=grad, doc=doc))
 
 
@@ -303,14 +302,14 @@ def _svdvals_grad(xp, g, out, x):
     return (u @ (g[..., :, None] * vh),)
 
 
-define(Op("qr", ("x",), {"mode": "reduced"}, _qr_meta, family="linalg", multiple=True, lift="floating", determined=(),
+define(Op("qr", ("x",), {"mode": "reduced"}, _qr_meta, family="linalg", multiple=True, lift=True, determined=(),
           grad=NotDifferentiable("qr: gradients are not implemented yet"), doc="QR decomposition."))
-define(Op("svd", ("x",), {"full_matrices": True}, _svd_meta, family="linalg", multiple=True, lift="floating", determined=(1,),
+define(Op("svd", ("x",), {"full_matrices": True}, _svd_meta, family="linalg", multiple=True, lift=True, determined=(1,),
           grad=_svd_grad, doc="Singular value decomposition."))
 define(Op("svdvals", ("x",), {}, lambda x: (lambda b, m, n, k: Meta(b + (k,), dt.real_of(x.dtype)))(*_general(x)),
-          family="linalg", lift="floating", grad=_svdvals_grad, doc="Singular values."))
+          family="linalg", lift=True, grad=_svdvals_grad, doc="Singular values."))
 define(Op("pinv", ("x",), {"rtol": None}, lambda x, rtol: (lambda b, m, n, k: Meta(b + (n, m), x.dtype))(*_general(x)),
-          family="linalg", lift="floating",
+          family="linalg", lift=True,
           grad=NotDifferentiable("pinv: gradients are not implemented yet; solve or lstsq-style formulas differentiate"),
           doc="Moore–Penrose pseudo-inverse."))
 
@@ -340,7 +339,7 @@ def _solve_grad(xp, g, out, x1, x2):
     return unbroadcast(xp, ga, x1.shape), unbroadcast(xp, gb, x2.shape)
 
 
-define(Op("solve", ("x1", "x2"), {}, _solve_meta, promote_inputs=True, family="linalg", lift="floating", grad=_solve_grad,
+define(Op("solve", ("x1", "x2"), {}, _solve_meta, promote_inputs=True, family="linalg", lift=True, grad=_solve_grad,
           doc="Solution of x1 @ out = x2."))
 
 
@@ -431,7 +430,7 @@ def _matrix_norm_grad(xp, g, out, x, keepdims, ord):
     return (gg * xp.sign(x) * mask,)
 
 
-define(Op("matrix_norm", ("x",), {"keepdims": False, "ord": "fro"}, _matrix_norm_meta, family="linalg", lift="floating",
+define(Op("matrix_norm", ("x",), {"keepdims": False, "ord": "fro"}, _matrix_norm_meta, family="linalg", lift=True,
           grad=_matrix_norm_grad, doc="Matrix norm of the last two axes."))
 
 
@@ -462,5 +461,5 @@ def _vector_norm_grad(xp, g, out, x, axis, keepdims, ord):
 
 
 define(Op("vector_norm", ("x",), {"axis": None, "keepdims": False, "ord": 2}, _vector_norm_meta,
-          lambda x, axis, **_: {"axis": normalize_axes(axis, x.ndim)}, family="linalg", lift="floating",
+          lambda x, axis, **_: {"axis": normalize_axes(axis, x.ndim)}, family="linalg", lift=True,
           grad=_vector_norm_grad, doc="Vector norm over axis."))

@@ -19,7 +19,7 @@ def _activation(name, doc, attrs=None, *, grad):
         require(x.dtype, FLOAT)
         return Meta(x.shape, x.dtype)
 
-    define(Op(name, ("x",), attrs or {}, meta, family="nn", lift=FLOAT, grad=grad, doc=doc))
+    define(Op(name, ("x",), attrs or {}, meta, family="nn", lift=True, grad=grad, doc=doc))
 
 
 def _sigmoid(xp, x):
@@ -65,7 +65,7 @@ def _log_softmax_grad(xp, g, out, x, axis):
 for _name, _grad, _doc in (("softmax", _softmax_grad, "exp(x) / sum(exp(x)) along axis, computed stably."),
                            ("log_softmax", _log_softmax_grad, "x - logsumexp(x) along axis, computed stably.")):
     define(Op(_name, ("x",), {"axis": -1}, _axis_meta, lambda x, axis: {"axis": normalize_axis(axis, max(x.ndim, 1))},
-              family="nn", positional=("axis",), lift=FLOAT, grad=_grad, doc=_doc))
+              family="nn", positional=("axis",), lift=True, grad=_grad, doc=_doc))
 
 _REDUCTIONS = ("mean", "sum", "none")
 

@@ -29,7 +29,7 @@ def _accumulating_canon(x, axis, dtype, **_):
     return {"axis": normalize_axes(axis, x.ndim), "dtype": dtype or dt.accumulation_dtype(x.dtype)}
 
 
-def reduction(name, category, result, *, lift=None, canon=_axes_canon, extra_attrs=None, nonempty=False, grad, doc=""):
+def reduction(name, category, result, *, lift=False, canon=_axes_canon, extra_attrs=None, nonempty=False, grad, doc):
     """Define a reduction over ``axis`` (None, int or tuple) with ``keepdims``.
 
     ``result(x, attrs) -> dtype``; ``nonempty`` refuses reducing over a zero-size axis (max, min).
@@ -97,10 +97,10 @@ reduction("max", "real numeric", lambda x, a: x.dtype, nonempty=True, grad=_extr
           doc="Maximum over axis (NaN propagates).")
 reduction("min", "real numeric", lambda x, a: x.dtype, nonempty=True, grad=_extremum_grad,
           doc="Minimum over axis (NaN propagates).")
-reduction("mean", "floating", lambda x, a: x.dtype, lift="floating", grad=_mean_grad, doc="Arithmetic mean over axis.")
-reduction("std", "real floating", lambda x, a: x.dtype, lift="real floating", extra_attrs={"correction": 0.0}, grad=_std_grad,
+reduction("mean", "floating", lambda x, a: x.dtype, lift=True, grad=_mean_grad, doc="Arithmetic mean over axis.")
+reduction("std", "real floating", lambda x, a: x.dtype, lift=True, extra_attrs={"correction": 0.0}, grad=_std_grad,
           doc="Standard deviation over axis with a degrees-of-freedom correction.")
-reduction("var", "real floating", lambda x, a: x.dtype, lift="real floating", extra_attrs={"correction": 0.0}, grad=_var_grad,
+reduction("var", "real floating", lambda x, a: x.dtype, lift=True, extra_attrs={"correction": 0.0}, grad=_var_grad,
           doc="Variance over axis with a degrees-of-freedom correction.")
 reduction("all", "any", lambda x, a: dt.bool_, grad=NO_GRADIENT, doc="Whether every element along axis is true.")
 reduction("any", "any", lambda x, a: dt.bool_, grad=NO_GRADIENT, doc="Whether some element along axis is true.")

@@ -53,6 +53,9 @@ class _Required:
 
 REQUIRED = _Required()  # an attribute without a default: the caller must give it
 ELEMENTWISE_FAMILIES = ("elementwise unary", "elementwise binary")  # the rows the two factories of elementwise.py make
+# a row's family: the standard's section it belongs to, or its extension (fft, linalg) or ember.nn
+FAMILIES = (*ELEMENTWISE_FAMILIES, "creation", "data type", "indexing", "linear algebra", "manipulation", "reduction",
+            "searching", "set", "sorting", "utility", "fft", "linalg", "nn")
 NO_GRADIENT = "no gradient"  # the grad rule of an op whose outputs carry no gradient
 
 # Meta rule results of every op, in one cache bounded for the whole process, so the clients of a
@@ -76,8 +79,8 @@ class Op:
     ``attrs`` maps attribute names to defaults. ``meta(*metas, **attrs)`` returns a Meta or a
     tuple of Metas (``multiple=True``). ``canon(*metas, **attrs)`` returns a dict of attribute
     values to replace (explicit defaults). ``grad`` is the gradient rule (see gradients.py), or
-    NO_GRADIENT, or a NotDifferentiable saying why not. ``lift`` names a dtype category whose
-    default dtype the namespace casts lower-kind inputs to (``sqrt(int)`` is float64).
+    NO_GRADIENT, or a NotDifferentiable saying why not. ``lift`` asks the namespace to cast bool
+    and integer inputs to the default float dtype first (``sqrt(int)`` is float64).
     """
 
     name: str
@@ -89,7 +92,7 @@ class Op:
     multiple: bool = False
     data_dependent: bool = False  # outputs may have data-dependent sizes: a None in their meta's shape
     positional: tuple[str, ...] = ()  # attrs also taken positionally; those before a "/" only so
-    lift: str | None = None  # the namespace casts bool/integer inputs to the default float dtype
+    lift: bool = False  # the namespace casts bool/integer inputs to the default float dtype
     promote_inputs: bool = False  # the namespace casts all array inputs to their common dtype
     determined: tuple | None = None  # outputs fixed by the inputs (None: all); not e.g. eigenvector signs
     unit_free: tuple = ()  # outputs fixed only up to a unit factor per vector (eigenvectors): their moduli are fixed
@@ -150,9 +153,11 @@ OPS: dict[str, Op] = {}
 
 
 def define(op: Op) -> Op:
-    """Add ``op`` to the table (each name once)."""
+    """Add ``op`` to the table (each name once, in a known family: graph summaries count flops by family)."""
     if op.name in OPS:
         raise ValueError(f"op {op.name!r} defined twice")
+    if op.family not in FAMILIES:
+        raise ValueError(f"op {op.name!r}: unknown family {op.family!r}")
     OPS[op.name] = op
     return op
 

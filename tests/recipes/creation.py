@@ -47,7 +47,8 @@ BAD_EXAMPLES = {
                lambda g: ((), {"start": 0, "stop": 2, "step": 0.5, "dtype": dt.int8}, DTypeError)],
     "full": lambda g: ((), {"shape": (2,), "fill_value": 1.5, "dtype": dt.int32}, DTypeError),
     "empty": lambda g: ((), {"shape": (-1,), "dtype": None}, ValueError),
-    "eye": lambda g: ((), {"n_rows": -2, "n_cols": None, "k": 0, "dtype": None}, ArgumentError),
+    "eye": [lambda g, bad=bad: ((), {**{"n_rows": 2, "n_cols": None, "k": 0, "dtype": None}, **bad}, ArgumentError)
+            for bad in ({"n_rows": -2}, {"n_cols": -1}, {"n_rows": 2.5}, {"n_cols": 2.5}, {"k": 0.5})],
     "linspace": [*(lambda g, bad=bad: ((), {**{"start": 0, "stop": 1, "num": 3, "dtype": None, "endpoint": True}, **bad},
                                         ArgumentError)
                    for bad in ({"num": -1}, {"num": 2.5}, {"start": "0"}, {"stop": [1]})),

@@ -38,6 +38,7 @@ for _kind in _KINDS:
     one = {"n": None, "axis": -1, "norm": "backward"}
     takes_complex = _KINDS[_kind][0] == "complex floating"
     BAD_EXAMPLES[_kind] = [_bad((), one, ShapeError, takes_complex), _bad((4,), {**one, "n": 0}, ArgumentError, takes_complex),
+                           _bad((4,), {**one, "n": 2.5}, ArgumentError, takes_complex),
                            _bad((4,), {**one, "norm": "unitary"}, ArgumentError, takes_complex)]
     if _kind in ("fft", "ifft", "rfft", "irfft"):
         EXAMPLES[_kind + "n"] = _transform_examples(_kind + "n")
@@ -45,12 +46,14 @@ for _kind in _KINDS:
         BAD_EXAMPLES[_kind + "n"] = [_bad((2, 3), {**many, "axes": (0, -2)}, ArgumentError, takes_complex),
                                      _bad((2, 3), {**many, "s": (2, 2), "axes": (1,)}, ArgumentError, takes_complex),
                                      _bad((2, 3), {**many, "s": (0, 2)}, ArgumentError, takes_complex),
+                                     _bad((2, 3), {**many, "s": (2, 2.5)}, ArgumentError, takes_complex),
+                                     _bad((2, 3), {**many, "axes": ()}, ArgumentError, takes_complex),
                                      _bad((2, 3), {**many, "norm": "unitary"}, ArgumentError, takes_complex)]
 
 for _name in ("fftfreq", "rfftfreq"):
     EXAMPLES[_name] = lambda g: ((), {"n": g.integer(1, 8), "d": g.choice([1.0, 0.5]),
                                       "dtype": g.choice([None, g.dtype("real floating")])})
-    BAD_EXAMPLES[_name] = lambda g: ((), {"n": 0, "d": 1.0, "dtype": None}, ArgumentError)
+    BAD_EXAMPLES[_name] = [lambda g, n=n: ((), {"n": n, "d": 1.0, "dtype": None}, ArgumentError) for n in (0, 2.5)]
 
 for _name in ("fftshift", "ifftshift"):
     EXAMPLES[_name] = lambda g: ((g.array(g.shape(), g.dtype("floating")),), {"axes": None})

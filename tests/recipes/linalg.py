@@ -88,10 +88,18 @@ def _solve_examples(g):
 def _cross_examples(g):
     dtype = g.dtype("real numeric")
     batch = g.shape(max_dims=2)
-    other = g.array(g.broadcastable(batch) + (3,), dtype, low=-5, high=5)
-    first = g.array(batch + (3,), dtype, low=-5, high=5)
+    if g.flag():  # the vectors last, the other input broadcast from fewer dimensions
+        other = g.array(g.broadcastable(batch) + (3,), dtype, low=-5, high=5)
+        first = g.array(batch + (3,), dtype, low=-5, high=5)
+        back = 1
+    else:  # the vectors along an earlier axis, the other input with some sides of 1
+        back = g.integer(1, len(batch) + 1)
+        shape = batch[:len(batch) + 1 - back] + (3,) + batch[len(batch) + 1 - back:]
+        first = g.array(shape, dtype, low=-5, high=5)
+        other = g.array(tuple(s if i == len(shape) - back or g.flag() else 1 for i, s in enumerate(shape)), dtype,
+                        low=-5, high=5)
     # the vectors' axis counted from the end, or from the front of the broadcast shape
-    return (first, other), {"axis": g.choice([-1, max(first.ndim, other.ndim) - 1])}
+    return (first, other), {"axis": g.choice([-back, max(first.ndim, other.ndim) - back])}
 
 
 def _vector_norm_examples(g):
@@ -145,7 +153,8 @@ BAD_EXAMPLES = {
     "matrix_power": lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
     "solve": lambda g: ((g.array((3, 3), dt.float64), g.array((4,), dt.float64)), {}, ShapeError),
     "cross": [_bad([(2,), (2,)], {"axis": -1}, ShapeError), _bad([(2, 3), (2, 1)], {"axis": -1}, ShapeError),
-              _bad([(2, 3), (2, 3)], {"axis": -3}, AxisError), _bad([(2, 3), (2, 3)], {"axis": 2}, AxisError)],
+              _bad([(2, 3), (2, 3)], {"axis": -3}, AxisError), _bad([(2, 3), (2, 3)], {"axis": 2}, AxisError),
+              _bad([(2, 3), (2, 3)], {"axis": 0.5}, ArgumentError)],
     "diagonal": lambda g: ((g.array((3,), dt.float64),), {"offset": 0}, ShapeError),
     "trace": lambda g: ((g.array((3,), dt.float64),), {}, ShapeError),
     "matrix_norm": [_bad([(3,)], {}, ShapeError), _bad([(2, 2)], {"ord": 3}, ArgumentError)],

@@ -1,0 +1,130 @@
+"""Op rules at their edges: the values where a rule switches branch, which random examples rarely draw.
+
+Each test names the rule and the edge. They were written where planted bugs (mutation testing, see
+docs/testing.md) survived the generated tests: a dtype's exact limits, ties, zero-size axes, a
+Python scalar where an array usually is, an axis other than the last.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember as em
+from ember.errors import DTypeError, NotSupportedError, ShapeError
+
+from .conftest import torch_available
+
+
+@pytest.mark.parametrize(("start", "stop", "dtype"), [(0, 128, "int8"), (-128, 0, "int8"), (250, 256, "uint8")])
+def test_arange_reaches_its_dtypes_limits_exactly(start, stop, dtype):
+    """_arange_meta: values up to iinfo.max and down to iinfo.min fit; one step past them does not."""
+    out = em.arange(start, stop, dtype=getattr(em, dtype))
+    np.testing.assert_array_equal(em.asnumpy(out), np.arange(start, stop, dtype=dtype))
+    with pytest.raises(DTypeError, match=r"^arange: values from"):
+        em.arange(start - 1 if start < 0 else start, stop + 1 if start >= 0 else stop, dtype=getattr(em, dtype))
+
+
+def test_arange_checks_its_last_value_not_its_step():
+    """0, 100, 200 does not fit int8 although the step does."""
+    with pytest.raises(DTypeError, match=r"^arange: values from 0 to 200 do not fit dtype int8"):
+        em.arange(0, 300, 100, dtype=em.int8)
+
+
+def test_pow_exponent_gradient_with_a_scalar_base_and_at_bases_without_a_real_log():
+    """_pow_exponent_grad: 2.0 ** x takes the gradient 2**x · ln 2; at a base of 0 or below it is 0 (documented there;
+    PyTorch gives NaN below 0, where a real power has no derivative in its exponent)."""
+    x = em.asarray([0.5, 3.0], device=em.autodiff("numpy")).requires_grad_()
+    em.sum(2.0 ** x).backward()
+    np.testing.assert_allclose(em.asnumpy(x.grad), 2.0 ** np.array([0.5, 3.0]) * np.log(2.0), rtol=1e-12)
+    y = em.asarray([2.0, 2.0, 2.0], device=em.autodiff("numpy")).requires_grad_()
+    em.sum(em.asarray([-2.0, 0.0, 3.0]) ** y).backward()
+    np.testing.assert_allclose(em.asnumpy(y.grad), [0.0, 0.0, 9.0 * np.log(3.0)], rtol=1e-12)
+
+
+def test_where_gradient_with_python_scalar_branches():
+    """_where_grad: a scalar branch takes no gradient; the array branch takes g where it was chosen."""
+    condition = em.asarray([True, False, True])
+    x = em.asarray([1.0, 2.0, 3.0], device=em.autodiff("numpy")).requires_grad_()
+    em.sum(em.where(condition, x, 0.0) * 2.0).backward()
+    np.testing.assert_array_equal(em.asnumpy(x.grad), [2.0, 0.0, 2.0])
+    y = em.asarray([1.0, 2.0, 3.0], device=em.autodiff("numpy")).requires_grad_()
+    em.sum(em.where(condition, -1.0, y)).backward()
+    np.testing.assert_array_equal(em.asnumpy(y.grad), [0.0, 1.0, 0.0])
+
+
+def test_reductions_over_a_nonempty_axis_of_an_empty_array():
+    """_arg_meta and _vector_norm_meta refuse an empty reduction only along the reduced axes."""
+    x = np.zeros((0, 3))
+    assert em.argmax(em.asarray(x), axis=1).shape == np.argmax(x, axis=1).shape == (0,)
+    out = em.linalg.vector_norm(em.asarray(x), axis=1, ord=float("inf"))
+    assert out.shape == (0,)
+    with pytest.raises(ShapeError):
+        em.argmax(em.asarray(x), axis=0)
+
+
+def test_dropout_seeds_are_taken_modulo_two_to_the_63():
+    """_dropout_mask_canon: a seed fits an int64 on the wire; s, s + 2**63 and s - 2**63 draw the same mask."""
+    def mask(seed):
+        return em.asnumpy(em.nn.dropout_mask((64,), 0.5, seed=seed))
+    np.testing.assert_array_equal(mask(5), mask(5 + 2**63))
+    np.testing.assert_array_equal(mask(2**63 - 1), mask(-1))
+    assert not np.array_equal(mask(5), mask(6))
+
+
+def test_matrix_power_gradient_at_n_zero_and_one():
+    """_matrix_power_grad: x**0 = I does not depend on x (a zero gradient of x's shape); x**1 passes g through."""
+    a = np.array([[2.0, 1.0], [0.5, 3.0]])
+    for n, expected in ((0, np.zeros((2, 2))), (1, np.ones((2, 2)))):
+        x = em.asarray(a, device=em.autodiff("numpy")).requires_grad_()
+        em.sum(em.linalg.matrix_power(x, n)).backward()
+        np.testing.assert_array_equal(em.asnumpy(x.grad), expected)
+
+
+def test_linear_refusals_name_the_shapes_they_expect():
+    """_linear_meta's messages give the expected weight and bias shapes from the input's last axis and the weight's rows."""
+    x = em.zeros((2, 3, 4))
+    with pytest.raises(ShapeError, match=r"weight must be \(out, 4\) float64 for input \(2, 3, 4\), got \(5, 3\)"):
+        em.nn.linear(x, em.zeros((5, 3)))
+    with pytest.raises(ShapeError, match=r"bias must be \(5,\) float64 for input \(2, 3, 4\) and weight \(5, 4\), got \(4,\)"):
+        em.nn.linear(x, em.zeros((5, 4)), em.zeros((4,)))
+
+
+def test_grad_of_grad_is_refused_not_silently_zero():
+    """The inner grad would differentiate a detached copy, so the outer gradient would be zero: refused."""
+    inner = em.grad(lambda x: em.sum(em.sin(x)))
+    outer = em.grad(lambda x: em.sum(inner(x)))
+    x = em.asarray([0.5, 1.0])
+    with pytest.raises(NotSupportedError, match=r"^grad: higher-order gradients are not supported"):
+        outer(x)
+    np.testing.assert_allclose(em.asnumpy(inner(x)), np.cos([0.5, 1.0]))  # nothing is left behind
+
+
+def _ties():
+    import torch
+    return [  # (ember's function, PyTorch's, a point with ties)
+        (lambda x: em.linalg.vector_norm(x, ord=float("inf")), lambda t: torch.linalg.vector_norm(t, ord=float("inf")),
+         [1.0, -1.0, 0.5]),
+        (lambda x: em.linalg.vector_norm(x, ord=0.5), lambda t: torch.linalg.vector_norm(t, ord=0.5), [0.0, 0.0, 0.0]),
+        (lambda x: em.linalg.matrix_norm(em.reshape(x, (2, 2)), ord=1),
+         lambda t: torch.linalg.matrix_norm(t.reshape(2, 2), ord=1), [1.0, 2.0, 3.0, 2.0]),
+        (lambda x: em.linalg.matrix_norm(em.reshape(x, (2, 2)), ord=float("inf")),
+         lambda t: torch.linalg.matrix_norm(t.reshape(2, 2), ord=float("inf")), [1.0, 3.0, 2.0, 2.0]),
+        (lambda x: em.max(x), lambda t: torch.amax(t), [1.0, 3.0, 2.0, 3.0]),
+        (lambda x: em.max(em.reshape(x, (2, 2)), axis=0), lambda t: torch.amax(t.reshape(2, 2), dim=0), [1.0, 3.0, 1.0, 2.0]),
+        (lambda x: em.nn.gelu(x), lambda t: torch.nn.functional.gelu(t), [0.0, 1.0, -1.0]),
+    ]
+
+
+@pytest.mark.skipif(not torch_available(), reason="torch is not installed")
+@pytest.mark.parametrize("case", range(7), ids=["norm inf ties", "norm 0.5 at zero", "matrix norm 1 ties",
+                                                 "matrix norm inf ties", "max ties", "max ties on an axis", "gelu at 0"])
+def test_gradients_at_ties_take_pytorchs_subgradient(case):
+    """Ties share the gradient evenly (PyTorch's amax); a zero vector and gelu at 0 take PyTorch's values."""
+    import torch
+    ember_function, torch_function, point = _ties()[case]
+    x = em.asarray(point, device=em.autodiff("numpy")).requires_grad_()
+    t = torch.tensor(point, dtype=torch.float64, requires_grad=True)
+    em.sum(ember_function(x)).backward()
+    torch.sum(torch_function(t)).backward()
+    np.testing.assert_allclose(em.asnumpy(x.grad), t.grad.numpy(), rtol=1e-12, atol=1e-15)
