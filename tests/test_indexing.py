@@ -19,9 +19,17 @@ shapes = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)
 def host_and_key(draw, with_arrays=True):
     shape = draw(shapes)
     host = draw(hnp.arrays(np.int32, shape, elements=st.integers(-100, 100)))
-    kind = draw(st.sampled_from(["basic", "integer", "mask"] if with_arrays and shape else ["basic"]))
+    kind = draw(st.sampled_from(["basic", "integer", "mask", "mixed"] if with_arrays and shape else ["basic"]))
     if kind == "basic":
         key = draw(hnp.basic_indices(shape, allow_newaxis=True, allow_ellipsis=True))
+    elif kind == "mixed":  # integers, slices and index arrays: where the arrays' dimensions go depends on their adjacency
+        assume(all(shape))
+        result = draw(hnp.array_shapes(min_dims=0, max_dims=2, max_side=3))
+        parts = [draw(st.sampled_from(["int", "slice", "array"])) for _ in shape]
+        assume("array" in parts)
+        key = tuple(draw(st.integers(-side, side - 1)) if part == "int" else slice(None, None, draw(st.sampled_from([1, -1, 2])))
+                    if part == "slice" else draw(hnp.arrays(np.int64, result, elements=st.integers(-side, side - 1)))
+                    for part, side in zip(parts, shape))
     elif kind == "integer":
         assume(all(shape))
         key = draw(hnp.integer_array_indices(shape, result_shape=hnp.array_shapes(min_dims=0, max_dims=2, max_side=3)))
