@@ -217,13 +217,14 @@ def test_accounting_balances_whatever_two_sessions_do(first, second):
 
 
 # sizable inputs, so a kernel's own temporaries dwarf the interpreter's
+# (heights and widths differ, so a rule that mixes them up is off)
 SCRATCH_CASES = {
-    "conv2d": ([(2, 3, 64, 64), (4, 3, 3, 3)], {"padding": 8}),
-    "conv2d_input_grad": ([(2, 4, 62, 62), (4, 3, 5, 5)], {"shape": (2, 3, 64, 64), "padding": 1}),
-    "conv2d_weight_grad": ([(2, 3, 64, 64), (2, 4, 62, 62)], {"shape": (4, 3, 5, 5), "padding": 1}),
-    "max_pool2d": ([(2, 3, 64, 64)], {"kernel_size": 4, "stride": 1, "padding": 2}),
-    "avg_pool2d": ([(2, 3, 64, 64)], {"kernel_size": 4, "stride": 1, "padding": 2}),
-    "max_pool2d_grad": ([(2, 3, 64, 64), (2, 3, 65, 65)], {"kernel_size": 4, "stride": 1, "padding": 2}),
+    "conv2d": ([(2, 3, 64, 40), (4, 3, 3, 5)], {"padding": (8, 2)}),
+    "conv2d_input_grad": ([(2, 4, 62, 36), (4, 3, 5, 7)], {"shape": (2, 3, 64, 40), "padding": (1, 1)}),
+    "conv2d_weight_grad": ([(2, 3, 64, 40), (2, 4, 62, 36)], {"shape": (4, 3, 5, 7), "padding": (1, 1)}),
+    "max_pool2d": ([(2, 3, 64, 40)], {"kernel_size": (4, 2), "stride": 1, "padding": (2, 1)}),
+    "avg_pool2d": ([(2, 3, 64, 40)], {"kernel_size": (4, 2), "stride": 1, "padding": (2, 1)}),
+    "max_pool2d_grad": ([(2, 3, 64, 40), (2, 3, 65, 41)], {"kernel_size": (4, 2), "stride": 1, "padding": (2, 1)}),
     "scaled_dot_product_attention": ([(2, 256, 16), (2, 512, 16), (2, 512, 16)], {}),
 }
 
@@ -240,7 +241,7 @@ def table_ops():
 @pytest.mark.parametrize("name", sorted(SCRATCH_CASES))
 def test_a_scratch_rule_bounds_what_the_numpy_kernel_holds(name):
     """The bytes a kernel holds at its peak beyond its inputs and outputs are within the row's
-    scratch rule (plus 64 KiB of interpreter noise), and the rule is not wildly above them."""
+    scratch rule (plus 64 KiB of interpreter noise), and the rule is at most twice them (an estimate, not wasteful)."""
     import tracemalloc
 
     from ember.dtypes import FROM_NUMPY
@@ -262,7 +263,7 @@ def test_a_scratch_rule_bounds_what_the_numpy_kernel_holds(name):
     scratch = op.scratch(metas, outs, full)
     assert np.asarray(result).shape == outs[0].shape
     assert held <= scratch + (64 << 10), f"{name}: the kernel held {held} bytes beyond its outputs; the rule says {scratch}"
-    assert scratch <= 4 * max(held, 1 << 16), f"{name}: the rule says {scratch} bytes; the kernel held {held}"
+    assert scratch <= 2 * max(held, 1 << 16), f"{name}: the rule says {scratch} bytes; the kernel held {held}"
 
 
 def test_the_default_budget_is_three_quarters_of_this_machines_memory(monkeypatch):
