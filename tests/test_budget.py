@@ -223,7 +223,7 @@ SCRATCH_CASES = {
     "conv2d_input_grad": ([(2, 4, 62, 36), (4, 3, 5, 7)], {"shape": (2, 3, 64, 40), "padding": (1, 1)}),
     "conv2d_weight_grad": ([(2, 3, 64, 40), (2, 4, 62, 36)], {"shape": (4, 3, 5, 7), "padding": (1, 1)}),
     "max_pool2d": ([(2, 3, 64, 40)], {"kernel_size": (4, 2), "stride": 1, "padding": (2, 1)}),
-    "avg_pool2d": ([(2, 3, 64, 40)], {"kernel_size": (4, 2), "stride": 1, "padding": (2, 1)}),
+    "avg_pool2d": ([(2, 3, 64, 40)], {"kernel_size": (4, 2), "stride": 1, "padding": (0, 1)}),  # padded along one axis
     "max_pool2d_grad": ([(2, 3, 64, 40), (2, 3, 65, 41)], {"kernel_size": (4, 2), "stride": 1, "padding": (2, 1)}),
     "scaled_dot_product_attention": ([(2, 256, 16), (2, 512, 16), (2, 512, 16)], {}),
 }

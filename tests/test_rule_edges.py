@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import ember as em
+from ember.array import bind
 from ember.errors import DTypeError, NotSupportedError, ShapeError
+from ember.ops import OPS
 
 from .conftest import torch_available
 
@@ -88,6 +90,28 @@ def test_linear_refusals_name_the_shapes_they_expect():
         em.nn.linear(x, em.zeros((5, 3)))
     with pytest.raises(ShapeError, match=r"bias must be \(5,\) float64 for input \(2, 3, 4\) and weight \(5, 4\), got \(4,\)"):
         em.nn.linear(x, em.zeros((5, 4)), em.zeros((4,)))
+
+
+def test_stack_and_setitem_refusals_list_what_they_compare():
+    with pytest.raises(ShapeError, match=r"^stack: arrays must share one shape, got \(2,\), \(3,\)$"):
+        em.stack([em.zeros(2), em.zeros(3)])
+    # x[key] = value casts the value first; a record from a graph file or a client reaches the row as it is
+    with pytest.raises(DTypeError, match=r"^setitem: value dtype int64 differs from the array's float64$"):
+        bind(OPS["setitem"], (em.zeros(3), em.asarray([1, 2, 3])), {"key": ()})
+
+
+def test_gradients_of_a_real_sign_and_of_a_dot_product():
+    """_slogdet_grad: a real determinant's sign is piecewise constant (a zero gradient); _matmul_grad: the 1-d · 1-d
+    branch, a dot product."""
+    a = np.array([[2.0, 1.0], [0.5, -3.0]])
+    x = em.asarray(a, device=em.autodiff("numpy")).requires_grad_()
+    em.linalg.slogdet(x)[0].backward()
+    np.testing.assert_array_equal(em.asnumpy(x.grad), np.zeros((2, 2)))
+    u = em.asarray([1.0, 2.0, 3.0], device=em.autodiff("numpy")).requires_grad_()
+    v = em.asarray([4.0, -5.0, 0.5], device=em.autodiff("numpy")).requires_grad_()
+    (3.0 * (u @ v)).backward()
+    np.testing.assert_array_equal(em.asnumpy(u.grad), [12.0, -15.0, 1.5])
+    np.testing.assert_array_equal(em.asnumpy(v.grad), [3.0, 6.0, 9.0])
 
 
 def test_grad_of_grad_is_refused_not_silently_zero():
