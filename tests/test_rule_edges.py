@@ -137,12 +137,15 @@ def _ties():
         (lambda x: em.max(x), lambda t: torch.amax(t), [1.0, 3.0, 2.0, 3.0]),
         (lambda x: em.max(em.reshape(x, (2, 2)), axis=0), lambda t: torch.amax(t.reshape(2, 2), dim=0), [1.0, 3.0, 1.0, 2.0]),
         (lambda x: em.nn.gelu(x), lambda t: torch.nn.functional.gelu(t), [0.0, 1.0, -1.0]),
+        (lambda x: em.max(em.reshape(x, (2, 3)), axis=1, keepdims=True),
+         lambda t: torch.amax(t.reshape(2, 3), dim=1, keepdim=True), [3.0, 1.0, 3.0, 2.0, 2.0, 0.0]),
     ]
 
 
 @pytest.mark.skipif(not torch_available(), reason="torch is not installed")
-@pytest.mark.parametrize("case", range(7), ids=["norm inf ties", "norm 0.5 at zero", "matrix norm 1 ties",
-                                                 "matrix norm inf ties", "max ties", "max ties on an axis", "gelu at 0"])
+@pytest.mark.parametrize("case", range(8), ids=["norm inf ties", "norm 0.5 at zero", "matrix norm 1 ties",
+                                                 "matrix norm inf ties", "max ties", "max ties on an axis", "gelu at 0",
+                                                 "max ties kept dims"])
 def test_gradients_at_ties_take_pytorchs_subgradient(case):
     """Ties share the gradient evenly (PyTorch's amax); a zero vector and gelu at 0 take PyTorch's values."""
     import torch
