@@ -64,7 +64,7 @@ def read_request(sock: socket.socket, received: bytes, deadline: float) -> HttpR
             next(parser)  # parses what has arrived; returns when it needs more
         except StopIteration as done:
             request = done.value
-            if len(request.headers) > MAX_HEADERS:
+            if sum(1 for _ in request.headers.raw_items()) > MAX_HEADERS:
                 return refused(431, f"a request has at most {MAX_HEADERS} headers")
             return HttpRequest(getattr(request, "method", "GET"), request.path, request.headers, bytes(data))
         except SecurityError as error:  # a line too long, too many headers (websockets' own limits)
