@@ -68,36 +68,40 @@ function rates(history, key) {
   return out;
 }
 function chart(history) {
-  const svg = $("chart"), W = 640, H = 180, L = 50, B = 20;
+  const svg = $("chart"), W = 640, H = 180, L = 56, R = 70, B = 20;
   svg.replaceChildren();
   const ops = rates(history, "ops");
   const io = rates(history.map((h) => ({time: h.time, io: h.bytes_in + h.bytes_out})), "io");
-  const end = history.length ? history[history.length - 1].time : 0, span = 300;
-  const x = (t) => L + (W - L - 10) * Math.max(0, 1 - (end - t) / span);
-  for (const [series, cls] of [[ops, "ops"], [io, "bytes"]]) {
+  const end = history.length ? history[history.length - 1].time : 0;
+  const span = Math.max(60, Math.min(300, history.length ? end - history[0].time : 0));
+  const x = (t) => L + (W - L - R) * Math.max(0, 1 - (end - t) / span);
+  svg.appendChild(node("line", {x1: L, x2: W - R, y1: 10, y2: 10}));
+  svg.appendChild(node("line", {x1: L, x2: W - R, y1: H - B, y2: H - B}));
+  for (const [series, cls, label, at, color] of [[ops, "ops", (v) => v.toFixed(v < 10 ? 1 : 0) + " ops/s", 4, "#d9480f"],
+                                                  [io, "bytes", (v) => bytes(Math.round(v)) + "/s", W - R + 4, "#1971c2"]]) {
     const top = Math.max(1, ...series.map((p) => p[1]));
     const y = (v) => H - B - (H - B - 10) * v / top;
     const points = series.map((p) => x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1)).join(" ");
     svg.appendChild(node("polyline", {class: cls, points: points}));
-    if (cls === "ops") {
-      svg.appendChild(node("line", {x1: L, x2: W - 10, y1: 10, y2: 10}));
-      svg.appendChild(node("text", {x: 4, y: 14}, top.toFixed(top < 10 ? 1 : 0) + "/s"));
-    }
+    svg.appendChild(node("text", {x: at, y: 14, style: "fill:" + color}, label(top)));
   }
-  svg.appendChild(node("line", {x1: L, x2: W - 10, y1: H - B, y2: H - B}));
-  svg.appendChild(node("text", {x: L, y: H - 4}, "−5 min"));
-  svg.appendChild(node("text", {x: W - 40, y: H - 4}, "now"));
+  svg.appendChild(node("text", {x: L, y: H - 4}, "−" + (span >= 120 ? (span / 60).toFixed(0) + " min" : span.toFixed(0) + " s")));
+  svg.appendChild(node("text", {x: W - R - 22, y: H - 4}, "now"));
 }
 function draw(s) {
   const t = s.totals;
   $("summary").textContent = `${s.devices.join(", ")} (${s.backend}) · up ${age(s.uptime_seconds)} · ` +
     `${t.sessions} session(s), ${t.live_tensors} tensors, ${bytes(t.live_bytes)} live · ` +
-    `memory ${bytes(s.memory.used_bytes)} of ${bytes(s.memory.budget_bytes)} · ` +
-    `${t.ops} ops, ${t.round_trips} round trips, ${t.graphs_registered} graphs registered, ${t.graph_runs} graph runs`;
+    `memory ${bytes(s.memory.used_bytes)} of ${bytes(s.memory.budget_bytes)} `;
   const used = Math.min(1, s.memory.used_bytes / s.memory.budget_bytes);
   const bar = document.createElement("span"); bar.className = "bar";
-  const fill = document.createElement("span"); fill.style.width = (100 * used).toFixed(1) + "%";
-  bar.appendChild(fill); $("summary").append(" ", bar);
+  const fill = document.createElement("span"); fill.style.width = Math.max(0.5, 100 * used).toFixed(1) + "%";
+  bar.appendChild(fill);
+  const counts = document.createElement("div");
+  counts.textContent = `${t.ops} ops, ${t.round_trips} round trips, ${bytes(t.bytes_in)} in, ${bytes(t.bytes_out)} out, ` +
+    `${t.graphs_registered} graphs registered, ${t.graph_runs} graph runs, ` +
+    `${Object.values(t.errors).reduce((a, b) => a + b, 0)} errors`;
+  $("summary").append(bar, counts);
   const body = $("sessions").tBodies[0]; body.replaceChildren();
   for (const r of s.sessions) {
     const row = body.insertRow(); row.dataset.session = r.session;
