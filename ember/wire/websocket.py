@@ -1,8 +1,8 @@
 """The WebSocket shell: the same frames, one binary message each, for proxies and browsers.
 
 It drives the ``websockets`` library's sans-I/O protocol objects over a blocking socket, so the
-server can take WebSocket clients on the same port as TCP ones (a request starting with
-``GET`` is a WebSocket upgrade). Over TLS (``wss://``) the socket is wrapped before the upgrade.
+server can take WebSocket clients on the same port as TCP ones (an HTTP request asking for an
+upgrade; the server reads its head, ember/remote/http.py). Over TLS (``wss://``) the socket is wrapped before the upgrade.
 """
 
 from __future__ import annotations
