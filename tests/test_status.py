@@ -208,3 +208,40 @@ def test_ember_profile_reports_a_whole_program_at_exit(peer, tmp_path):
     assert done.stdout.split() == ["0.0", "4.0", "8.0"]
     assert "ember profile: 3 waits" in done.stderr and "loop.py:4" in done.stderr and "read×3" in done.stderr
     assert json.loads((tmp_path / "out.json").read_text())["lines"][0]["line"] == 4
+
+
+def test_the_counts_and_the_routing_without_sockets():
+    """A Host fed frames directly: what a session did is counted once, kept after it closes, and answer()
+    routes and checks tokens with no socket in the way."""
+    from ember.remote import status
+    from ember.remote.session import BufferPool, Host, hosted_devices
+    from ember.wire import protocol as wire
+    from ember.wire.protocol import Frame, Limits
+
+    host = Host(hosted_devices("numpy"), TOKEN, Limits())
+    refused, _ = host.open(Frame({"t": "init", "v": wire.VERSION, "device": 0, "token": "nope-nope"}, []), BufferPool())
+    session, _ = host.open(Frame({"t": "init", "v": wire.VERSION, "device": 0, "token": TOKEN}, []), BufferPool(), "1.2.3.4:5")
+    data = np.arange(4.0)
+    batch = ({"t": "batch", "m": (("put", 1, 0), ("op", "add", (1, 1), (2,), {}), ("op", "inv", (2,), (3,), {}),
+                                  ("get", 1, 2), ("get", 2, 3))}, [data])
+    replies = session.handle(Frame(*batch))
+    assert [m[0] for m in replies[0][0]["m"]] == ["data", "error"]
+    state = status.snapshot(host, now=session.opened + 10)
+    (row,) = state["sessions"]
+    assert (row["ops"], row["round_trips"], row["bytes_in"], row["bytes_out"]) == (2, 1, 32, 32)
+    assert row["client"] == row["address"] == "1.2.3.4:5" and row["age_seconds"] == 10 and row["live_tensors"] == 3
+    assert row["errors"] == {"ShapeError": 1} and row["last_error"]["kind"] == "ShapeError"
+    assert state["totals"]["errors"] == {"ShapeError": 1, "AccessDenied": 1}
+    host.close(session)
+    after = status.snapshot(host, now=session.opened + 20)
+    assert after["sessions"] == [] and after["totals"]["ops"] == 2 and after["totals"]["errors"]["ShapeError"] == 1
+    assert [e["kind"] for e in after["recent_errors"]] == ["AccessDenied", "ShapeError"]
+
+    def answer(method, path, authorization=None):
+        return status.answer(host, method, path, authorization, "1.2.3.4:6", 0.0)
+
+    assert answer("GET", "/status.json").status == 401 and answer("GET", "/metrics", f"Basic {TOKEN}").status == 401
+    assert answer("GET", "/status.json?x=1", f"Bearer {TOKEN}").status == 200
+    assert answer("GET", "/metrics", f"bearer {TOKEN}").body.startswith(b"# HELP ember_uptime_seconds")
+    assert answer("GET", "/").status == 200 and answer("GET", "/admin").status == 404
+    assert answer("PUT", "/").status == 405 and answer("PUT", "/").headers == {"Allow": "GET, HEAD"}

@@ -238,6 +238,7 @@ class Session:
         self.round_trips = self.bytes_in = self.bytes_out = self.graphs_registered = self.graph_runs = 0
         self.errors: Counter[str] = Counter()  # failures this session met, by kind
         self.recent: deque[tuple] = deque(maxlen=RECENT_ERRORS)  # (time, kind, message) of the last ones
+        self.watch_lock = threading.Lock()  # errors and recent change on the session's thread, are read on another
         self.used = 0       # bytes counted against the quota: tensors, graph constants, frames in flight, replies
         self.credit = 0     # bytes taken from the budget and not yet used
         self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
@@ -329,8 +330,9 @@ class Session:
 
     def _fail(self, kind: str, message: str) -> Poison:
         """A new failure, counted by kind for the peer's status (its message is shown there too)."""
-        self.errors[kind] += 1
-        self.recent.append((time.time(), kind, message))
+        with self.watch_lock:  # failures are rare: the lock costs the op path nothing
+            self.errors[kind] += 1
+            self.recent.append((time.time(), kind, message))
         return Poison(kind, message)
 
     def _poison(self, outputs, kind: str, message: str) -> None:
@@ -801,7 +803,7 @@ class Registry:
     """The live sessions of a server (for its counters)."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # reentrant: a status snapshot holds it while it sums the host's totals
         self.sessions: set[Session] = set()
 
     def stats(self) -> dict:
@@ -832,25 +834,29 @@ class Host:
         self.errors: Counter[str] = Counter()   # refusals, protocol errors and closed sessions' failures, by kind
         self.recent: deque[tuple] = deque(maxlen=RECENT_ERRORS)  # (time, client, kind, message)
         self.history: deque[tuple] = deque(maxlen=HISTORY)  # (time, {counter: total}) every few seconds
+        self.watch_lock = threading.Lock()  # guards the four above (taken after registry.lock, never before)
 
     def failed(self, client: str, kind: str, message: str) -> None:
         """Count a failure outside any session's ops (a refused handshake, a broken frame)."""
-        self.errors[kind] += 1
-        self.recent.append((time.time(), client, kind, message))
+        with self.watch_lock:
+            self.errors[kind] += 1
+            self.recent.append((time.time(), client, kind, message))
 
     def totals(self) -> dict:
         """Each of COUNTED summed over every session the peer has had, open or closed."""
-        with self.registry.lock:
-            sessions = list(self.registry.sessions)
-        totals = Counter(self.retired)
-        for session in sessions:
-            for name in COUNTED:
-                totals[name] += getattr(session, name)
+        with self.registry.lock:  # a closing session moves its counts into retired under this lock
+            with self.watch_lock:
+                totals = Counter(self.retired)
+            for session in self.registry.sessions:
+                for name in COUNTED:
+                    totals[name] += getattr(session, name)
         return {name: totals[name] for name in COUNTED}
 
     def sample(self, now: float) -> None:
         """Remember the totals at ``now`` (the shell calls it every few seconds: the throughput chart)."""
-        self.history.append((now, self.totals()))
+        totals = self.totals()
+        with self.watch_lock:
+            self.history.append((now, totals))
 
     def admits(self, address: str, token) -> str | None:
         """Who a request presenting ``token`` is (its name, or its address), if this peer's access rule
@@ -932,10 +938,11 @@ class Host:
         """Forget ``session`` and free its tensors (its client went away)."""
         with self.registry.lock:
             if session in self.registry.sessions:  # its counters stay in the peer's totals
-                for name in COUNTED:
-                    self.retired[name] += getattr(session, name)
-                self.errors.update(session.errors)
-                self.recent.extend((when, session.client, kind, message) for when, kind, message in session.recent)
+                with self.watch_lock:
+                    for name in COUNTED:
+                        self.retired[name] += getattr(session, name)
+                    self.errors.update(session.errors)
+                    self.recent.extend((when, session.client, kind, message) for when, kind, message in session.recent)
             self.registry.sessions.discard(session)
             self.clients.pop(session, None)
         self.transfers.revoke(session)

@@ -29,22 +29,28 @@ def _clip(text: str) -> str:
 def snapshot(host: Host, now: float) -> dict:
     """The peer's state at ``now`` (``time.time()``): hosted devices, memory, totals, one entry per
     session, throughput samples (the last one is now) and recent errors. Plain JSON values."""
-    with host.registry.lock:
+    with host.registry.lock:  # one view: a closing session moves its counts into the host's under this lock
         sessions = sorted(host.registry.sessions, key=lambda s: s.opened)
+        totals = host.totals()
+        with host.watch_lock:  # copies: the host's and the sessions' threads go on changing them
+            errors, recent, history = host.errors.copy(), list(host.recent), [*host.history, (now, totals)]
+        copies = []
+        for session in sessions:
+            with session.watch_lock:
+                copies.append((session.errors.copy(), list(session.recent)))
     rows = []
-    for session in sessions:
-        last = session.recent[-1] if session.recent else None
+    for session, (session_errors, session_recent) in zip(sessions, copies):
+        errors.update(session_errors)
+        recent += [(when, session.client, kind, message) for when, kind, message in session_recent]
+        last = session_recent[-1] if session_recent else None
         rows.append({
             "session": session.id[:8], "client": session.client, "address": session.address, "device": session.device,
             "age_seconds": round(now - session.opened, 3), "live_tensors": len(session.tensors),
             "live_bytes": session.used, **{name: getattr(session, name) for name in COUNTED},
-            "errors": dict(session.errors),
+            "errors": dict(session_errors),
             "last_error": None if last is None else {"kind": last[1], "message": _clip(last[2])},
         })
-    totals = host.totals()
-    errors = sum((s.errors for s in sessions), host.errors.copy())
-    recent = sorted([*host.recent, *((when, s.client, kind, message) for s in sessions for when, kind, message in s.recent)])
-    history = [*host.history, (now, totals)]
+    recent.sort()
     return {
         "backend": host.backend_name, "devices": [str(d) for d in host.devices],
         "started": host.started, "uptime_seconds": round(now - host.started, 3),
