@@ -17,6 +17,7 @@ import pytest
 import ember as em
 
 from .peers import Peer
+from .test_tls import pki  # noqa: F401  (a fixture: the throwaway CA)
 
 TOKEN = "watch-token-0123456789"
 OTHER = "other-token-9876543210"
@@ -245,3 +246,15 @@ def test_the_counts_and_the_routing_without_sockets():
     assert answer("GET", "/metrics", f"bearer {TOKEN}").body.startswith(b"# HELP ember_uptime_seconds")
     assert answer("GET", "/").status == 200 and answer("GET", "/admin").status == 404
     assert answer("PUT", "/").status == 405 and answer("PUT", "/").headers == {"Allow": "GET, HEAD"}
+
+
+def test_a_tls_peer_shows_its_status_over_https_only(pki):  # noqa: F811
+    import ssl
+    with Peer(*pki.local.serve_args()) as running:
+        context = ssl.create_default_context(cafile=pki.ca)
+        with urllib.request.urlopen(f"https://{running.address}/status.json", context=context, timeout=10) as reply:
+            assert reply.status == 200 and json.loads(reply.read())["devices"] == ["numpy"]
+        assert raw_answer(running, b"GET /status.json HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400")  # plain: refused
+        shown = subprocess.run([sys.executable, "-m", "ember.cli", "top", f"embers://{running.address}", "--once",
+                                "--tls-ca", pki.ca], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "ember peer: numpy (numpy)" in shown.stdout, shown.stderr
