@@ -130,13 +130,16 @@ def test_bad_requests_are_answered_at_once(guarded):
     assert status == 200 and int(headers["Content-Length"]) > 0 and body == b""
     for request, answer in ((b"POST / HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1000, b"405"),
                             (b"GET / HTTP/9.9\r\n\r\n", b"400"),
+                            (b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n"
+                             b"Authorization: Bearer x\r\n\r\n", b"401"),  # two: neither counts
+                            (b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nUpgrade: h2c\r\n\r\n", b"200"),
                             (b"GET / HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 70 + b"\r\n", b"431"),
                             (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 7000 + b"\r\nX-Big2: " + b"b" * 7000 + b"\r\n"
                              + b"X-Big3: " + b"c" * 7000, b"431"),
                             (b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n", b"414")):
         assert raw_answer(guarded, request).startswith(b"HTTP/1.1 " + answer), request[:40]
     remote = em.device(guarded.url(token=TOKEN))  # the peer serves sessions as before
-    assert float(em.sum(em.ones(3, device=remote))) == 3.0
+    assert float(em.sum(em.ones(3, device=remote))) == 3.0 and guarded.tracebacks == 0
     remote.engine.close()
 
 

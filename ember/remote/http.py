@@ -39,10 +39,15 @@ class HttpRequest:
     def __init__(self, method: str, path: str, headers, raw: bytes, refusal: Response | None = None):
         self.method, self.path, self.headers, self.raw, self.refusal = method, path, headers, raw, refusal
 
+    def header(self, name: str) -> str | None:
+        """The value of header ``name``; None when it is absent or given more than once."""
+        values = self.headers.get_all(name) if self.headers is not None else []
+        return values[0] if len(values) == 1 else None
+
     @property
     def upgrade(self) -> bool:
         """Whether it asks for a WebSocket (the ember protocol over WebSocket)."""
-        return self.refusal is None and self.headers.get("Upgrade", "").lower() == "websocket"
+        return self.refusal is None and (self.header("Upgrade") or "").lower() == "websocket"
 
 
 def read_request(sock: socket.socket, received: bytes, deadline: float) -> HttpRequest:

@@ -356,7 +356,7 @@ class Server:
             response = status.Response(400, "this peer serves only TLS: use https://\n")
         else:
             response = request.refusal or status.answer(self.hosting, request.method, request.path,
-                                                        request.headers.get("Authorization"), address, time.time())
+                                                        request.header("Authorization"), address, time.time())
         log.debug("%s: HTTP %s %.100s: %d", address, request.method, request.path, response.status)
         http.respond(sock, response, deadline, head_only=request.method == "HEAD")
 
