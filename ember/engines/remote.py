@@ -66,6 +66,7 @@ class RemoteEngine(Engine):
 
     def __init__(self, device, connection, info: dict, window: float | None = None):
         self.device = device
+        self.name = str(device)  # as profiles name it (never with the token)
         self.connection = connection
         self.info = info
         self.window = window if info.get("keepalive") else None
@@ -323,7 +324,7 @@ class RemoteEngine(Engine):
             try:
                 return self._wait(rid, want_segments)
             finally:
-                profiling.record(request[0], str(self.device), _clock() - started, self.counters["bytes_down"] - received)
+                profiling.record(request[0], self.name, _clock() - started, self.counters["bytes_down"] - received)
 
     def _wait(self, rid: int, want_segments: bool):
         """Send the batch and wait for reply ``rid``."""
