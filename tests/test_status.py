@@ -154,6 +154,9 @@ def test_ember_top_prints_the_sessions(guarded):
     assert "127.0.0.1:" in line and "numpy" in line and TOKEN not in shown.stdout
     refused = subprocess.run([*command, "--token", "wrong-token-000000"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "asks for a token" in refused.stderr and "wrong-token" not in refused.stderr
+    bad = subprocess.run([*command[:-2], f"ember://{TOKEN}@{guarded.address}/x", "--once"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 1 and "bad remote device" in bad.stderr and TOKEN not in bad.stderr
     remote.engine.close()
 
 

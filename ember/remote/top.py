@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import urlsplit
 
 from ..devices import RemoteDevice
 from ..devices import device as as_device
@@ -116,5 +117,7 @@ def run(peer: str, token: str | None = None, interval: float = 2.0, once: bool =
         out.write("\n")
         return 0
     except (AccessDenied, ConnectionLost, DeviceError) as error:
-        print(f"ember top: {error}", file=sys.stderr)
+        secret = urlsplit(peer).username  # a device string's own error may quote it
+        text = str(error).replace(secret, "<token>") if secret else str(error)
+        print(f"ember top: {text}", file=sys.stderr)
         return 1
