@@ -1,7 +1,8 @@
 """Compute peers: ``serve`` / ``Server`` host the local devices of one backend.
 
 The I/O shell: it listens, completes TLS when it serves it, tells TCP from WebSocket clients
-on one port, and moves frames between sockets and the sans-I/O
+on one port (and answers plain HTTP requests for the peer's status: ``http.py``, ``status.py``),
+and moves frames between sockets and the sans-I/O
 :class:`~ember.remote.session.Host` (the handshake) and :class:`~ember.remote.session.Session`
 (one per connection, its own table of tensors). It bounds what a connection may cost before it
 is authenticated (small frames, one deadline for the whole handshake, a cap on connections),
@@ -348,7 +349,6 @@ class Server:
                 if handshaking:
                     self._handshakes -= 1
                 self._threads.discard(threading.current_thread())
-
 
     def _answer_http(self, sock, request: http.HttpRequest, address: str, deadline: float, plain_on_tls: bool) -> None:
         """Answer a plain HTTP request: the status page, /status.json or /metrics (status.py decides)."""

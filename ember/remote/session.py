@@ -176,6 +176,7 @@ class BufferPool:
 
 
 RECENT_ERRORS = 20  # the failures a session (and a host) remembers for the status page
+KEPT_CHARACTERS = 1000  # of a remembered failure's message (the status shows 300 characters)
 HISTORY = 150       # throughput samples a host keeps (five minutes, one every two seconds)
 #: a session's counters that only grow, and that the peer's totals sum over its sessions
 COUNTED = ("ops", "round_trips", "bytes_in", "bytes_out", "graphs_registered", "graph_runs")
@@ -332,7 +333,7 @@ class Session:
         """A new failure, counted by kind for the peer's status (its message is shown there too)."""
         with self.watch_lock:  # failures are rare: the lock costs the op path nothing
             self.errors[kind] += 1
-            self.recent.append((time.time(), kind, message))
+            self.recent.append((time.time(), kind, message[:KEPT_CHARACTERS]))
         return Poison(kind, message)
 
     def _poison(self, outputs, kind: str, message: str) -> None:
@@ -840,7 +841,7 @@ class Host:
         """Count a failure outside any session's ops (a refused handshake, a broken frame)."""
         with self.watch_lock:
             self.errors[kind] += 1
-            self.recent.append((time.time(), client, kind, message))
+            self.recent.append((time.time(), client, kind, message[:KEPT_CHARACTERS]))
 
     def totals(self) -> dict:
         """Each of COUNTED summed over every session the peer has had, open or closed."""
