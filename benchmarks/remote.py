@@ -8,7 +8,8 @@
 (d) the same 256 MiB upload and download over TCP+TLS (``embers://``, a second peer with a
     throwaway certificate) vs plain TCP, the two interleaved on their own;
 (e) 100 elementwise ops on 1,000,000 float32, then one read, on the peer (eager, and under
-    ``em.jit``) vs the local numpy device eager.
+    ``em.jit``) vs the local numpy device eager;
+(f) (a)'s chain, and 100 one-element reads, inside ``em.profile()`` vs outside (target ≤ 1.05×).
 """
 
 from __future__ import annotations
@@ -63,6 +64,23 @@ def run(quick: bool = False) -> Report:
         trips = em.stats(tcp)["round_trips"]
         em.asnumpy(chain(em, xs["tcp"], 1000))
         report.notes.append(f"(a) round trips for the chain and its read: {em.stats(tcp)['round_trips'] - trips}")
+
+        def profiled(work):
+            with em.profile():
+                work()
+
+        def reads():
+            for i in range(100):
+                float(xs["tcp"][i])
+
+        def chained():
+            em.asnumpy(chain(em, xs["tcp"], 1000))
+
+        t = medians({"plain": chained, "profiled": lambda: profiled(chained),
+                     "reads": reads, "reads profiled": lambda: profiled(reads)}, repeats * 2)
+        report.add(Row("(f) 1000-op chain + read, TCP, under em.profile()", t["profiled"], "unprofiled", t["plain"], "≤ 1.05x"))
+        report.add(Row("(f) 100 reads of one element, TCP, under em.profile()", t["reads profiled"], "unprofiled",
+                       t["reads"], "reported"))
 
         big_host = np.random.default_rng(2).random(1_000_000, dtype=np.float32)
         big_local, big_remote = em.asarray(big_host, device=local), em.asarray(big_host, device=tcp)

@@ -15,6 +15,7 @@ executing, and under autodiff on top of any of them::
 from __future__ import annotations
 
 import math as _math
+import os as _os
 import sys as _sys
 
 from .array import Array
@@ -38,6 +39,7 @@ from .namespace.sorting import *  # noqa: F403
 from .namespace.statistical import *  # noqa: F403
 from .namespace.utility import *  # noqa: F403
 from .interop import asnumpy, stats, sync
+from .profiling import profile
 from .remote.server import Server, serve
 from .graphs import CapturedGraph, capture, jit, load_graph
 from .autodiff import autodiff, enable_grad, grad, is_grad_enabled, no_grad, value_and_grad
@@ -53,6 +55,10 @@ inf = _math.inf
 nan = _math.nan
 pi = _math.pi
 newaxis = None
+
+if _os.environ.get("EMBER_PROFILE", "0") not in ("", "0"):  # profile the whole program, report at exit
+    from .profiling import profile_program as _profile_program
+    _profile_program(_os.environ["EMBER_PROFILE"])
 
 # ``import ember.linalg`` and ``import ember.fft`` work like the attributes
 _sys.modules[__name__ + ".linalg"] = linalg

@@ -8,6 +8,7 @@
     ember devices [PEER]           list the local devices (or a compute peer's, or with ray://auto
                                    the peers ember.ray.launch runs on a Ray cluster)
     ember bench [SUITE ...]        run benchmarks, print one table of ratios
+    ember top PEER [--once]        a compute peer's sessions and throughput, refreshed (its /status.json)
 """
 
 from __future__ import annotations
@@ -133,6 +134,11 @@ def _bench(args) -> int:
     return 0
 
 
+def _top(args) -> int:
+    from .remote.top import run
+    return run(args.peer, token=args.token, interval=args.interval, once=args.once, tls_ca=args.tls_ca)
+
+
 def _demo(args) -> int:
     from .demo import run
     return run(local=args.device, peer_device=args.peer_device, steps=args.steps, size=args.size, out=args.out)
@@ -198,6 +204,16 @@ def parser() -> argparse.ArgumentParser:
                                                  "ember.ray.launch runs on a Ray cluster (RAY_ADDRESS, else this "
                                                  "machine's; ray://HEAD:10001 through Ray Client) (optional)")
     devices.set_defaults(run=_devices)
+
+    watch = commands.add_parser("top", help="watch a compute peer's sessions and throughput",
+                              description="Show a compute peer's sessions, memory and throughput (read from its "
+                                          "/status.json), refreshed until Ctrl-C.")
+    watch.add_argument("peer", help="the peer: ember://[TOKEN@]host:port (ws://; embers:// or wss:// read it over HTTPS)")
+    watch.add_argument("--token", help="the token the peer asks for (default: from the address, else EMBER_TOKEN)")
+    watch.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="seconds between refreshes (default 2)")
+    watch.add_argument("--once", action="store_true", help="print the status once and exit")
+    watch.add_argument("--tls-ca", metavar="FILE", help="the CA certificates a TLS peer is checked against (PEM)")
+    watch.set_defaults(run=_top)
 
     bench = commands.add_parser("bench", help="run benchmarks and print ratios against baselines",
                                 description="Run benchmarks (all when no suite is named); each compares ember "

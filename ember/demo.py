@@ -78,7 +78,7 @@ class Demo:
     def train(self, remote) -> None:
         self.say(f"\n[2] An MLP trained on the peer with autodiff ({self.steps} steps, two spirals, Adam)")
         losses: list[float] = []
-        with Progress(self.steps, "training", stream=self.stream) as bar:
+        with Progress(self.steps, "training", stream=self.stream) as bar, em.profile() as waits:
             def on_step(i, loss):
                 losses.append(loss)
                 bar.update(i + 1, f"loss {loss:.4f}")
@@ -86,6 +86,8 @@ class Demo:
         marks = sorted({0, self.steps // 4, self.steps // 2, 3 * self.steps // 4, self.steps - 1})
         self.say("  loss: " + "  ".join(f"{i}: {losses[i]:.4f}" for i in marks))
         self.say(f"  accuracy {result['accuracy']:.3f}, {result['seconds_per_step'] * 1e3:.1f} ms per step")
+        self.say("  where the training waited for the peer (em.profile()):")
+        self.say("  " + waits.table(limit=3).replace("\n", "\n  "))
         self.check(losses[-1] < losses[0] / 4, "the loss fell")
         self.check(result["accuracy"] >= 0.9, f"accuracy ≥ 0.90 (got {result['accuracy']:.3f})")
 

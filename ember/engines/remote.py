@@ -21,6 +21,7 @@ from collections import deque
 
 import numpy as np
 
+from .. import profiling
 from ..errors import ArgumentError, ConnectionLost, DeviceError, EmberError, NotSupportedError, ProtocolError, ResourceLimitError
 from ..ops.table import Meta
 from ..wire import protocol as wire
@@ -65,6 +66,7 @@ class RemoteEngine(Engine):
 
     def __init__(self, device, connection, info: dict, window: float | None = None):
         self.device = device
+        self.name = str(device)  # as profiles name it (never with the token)
         self.connection = connection
         self.info = info
         self.window = window if info.get("keepalive") else None
@@ -307,13 +309,26 @@ class RemoteEngine(Engine):
         return self.lost
 
     def _call(self, message, want_segments: bool = False):
-        """Send ``message(rid)`` with everything pending, and wait for its reply: one round trip."""
+        """Send ``message(rid)`` with everything pending, and wait for its reply: one round trip
+        (reported to open profiles, ember/profiling.py)."""
         with self._lock:
             if self.lost is not None:
                 raise self.lost
             rid = next(self._rids)
             self._queue_drops()  # so the reply (peer counters above all) sees them freed
-            self._pending.append(message(rid))
+            request = message(rid)
+            self._pending.append(request)
+            if not profiling.watching:
+                return self._wait(rid, want_segments)
+            started, received = _clock(), self.counters["bytes_down"]
+            try:
+                return self._wait(rid, want_segments)
+            finally:
+                profiling.record(request[0], self.name, _clock() - started, self.counters["bytes_down"] - received)
+
+    def _wait(self, rid: int, want_segments: bool):
+        """Send the batch and wait for reply ``rid``."""
+        with self._lock:
             self.flush()
             self.counters["round_trips"] += 1
             while True:

@@ -1,7 +1,8 @@
 """Compute peers: ``serve`` / ``Server`` host the local devices of one backend.
 
 The I/O shell: it listens, completes TLS when it serves it, tells TCP from WebSocket clients
-on one port, and moves frames between sockets and the sans-I/O
+on one port (and answers plain HTTP requests for the peer's status: ``http.py``, ``status.py``),
+and moves frames between sockets and the sans-I/O
 :class:`~ember.remote.session.Host` (the handshake) and :class:`~ember.remote.session.Session`
 (one per connection, its own table of tensors). It bounds what a connection may cost before it
 is authenticated (small frames, one deadline for the whole handshake, a cap on connections),
@@ -27,6 +28,7 @@ from ..wire.protocol import HANDSHAKE_LIMITS, Limits
 from ..wire.tcp import TcpConnection, TimedOut, wait_limit
 from ..wire.tls import HANDSHAKE_RECORD, client_context, server_context
 from ..wire.websocket import accept as accept_websocket
+from . import http, status
 from .session import Budget, BufferPool, Host, hosted_devices
 from .transfers import TTL, Fetch, Transfers
 
@@ -36,6 +38,7 @@ HANDSHAKE_SECONDS = 10   # TLS, the WebSocket upgrade and the init frame: all wi
 IDLE_SECONDS = 15 * 60   # a session that receives nothing for this long is closed
 MAX_SESSIONS = 64        # sessions at once (and as many connections still in their handshake)
 FETCH_SECONDS = 120      # a fetch from another peer: each wait for bytes, and all its tries together
+SAMPLE_SECONDS = 2       # how often the throughput the status page draws is sampled
 _ALIVE = wire.encode_frame({"t": "alive"})
 
 #: what a peer accepts unless told otherwise: headers of at most 4 MiB (a batch, or a graph of tens of
@@ -161,7 +164,9 @@ class Server:
         listener.listen(64)
         self.port = listener.getsockname()[1]
         self._listener = listener
-        for target, name in ((self._accept_loop, "ember-accept"), (self._heartbeat.run, "ember-heartbeat")):
+        self.hosting.sample(time.time())
+        for target, name in ((self._accept_loop, "ember-accept"), (self._heartbeat.run, "ember-heartbeat"),
+                             (self._sample_loop, "ember-sample")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.add(thread)
@@ -208,6 +213,10 @@ class Server:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def _sample_loop(self) -> None:
+        while not self._stopping.wait(SAMPLE_SECONDS):
+            self.hosting.sample(time.time())
+
     def _accept_loop(self) -> None:
         while not self._stopping.is_set():
             try:
@@ -227,10 +236,11 @@ class Server:
                 self._threads.add(thread)
             thread.start()
 
-    def _open(self, sock: socket.socket, pool: BufferPool, deadline: float):
+    def _open(self, sock: socket.socket, pool: BufferPool, deadline: float, address: str):
         """The frame connection of an accepted socket, on its own thread, before ``deadline``: TLS
-        first (when served and when the client starts it), then TCP or WebSocket by the first
-        bytes. Also whether the client skipped the TLS this peer requires."""
+        first (when served and when the client starts it), then TCP, WebSocket or a plain HTTP
+        request (answered here: the connection is then None) by the first bytes. Also whether the
+        client skipped the TLS this peer requires."""
         sock.settimeout(wait_limit(None, deadline))
         first = sock.recv(4, socket.MSG_PEEK)
         received = b""
@@ -240,8 +250,13 @@ class Server:
                 sock.settimeout(wait_limit(None, deadline))  # the whole TLS handshake, not each read
                 sock = self.tls.wrap_socket(sock, server_side=True)
                 first = received = _receive_exactly(sock, 4, deadline)  # an SSLSocket cannot peek: handed on
-            if first == b"GET ":
-                connection = accept_websocket(sock, HANDSHAKE_LIMITS, pool.allocate, received, deadline)
+            if first in http.STARTS:
+                request = http.read_request(sock, received, deadline)
+                if not request.upgrade:
+                    self._answer_http(sock, request, address, deadline, plain_on_tls=self.tls is not None and not tls)
+                    sock.close()
+                    return None, False
+                connection = accept_websocket(sock, HANDSHAKE_LIMITS, pool.allocate, request.raw, deadline)
             else:
                 connection = TcpConnection(sock, HANDSHAKE_LIMITS, None, pool.allocate, received)
                 connection.deadline = deadline
@@ -257,7 +272,9 @@ class Server:
         try:
             pool = self.hosting.pool  # one pool for the peer, within its memory budget
             deadline = time.monotonic() + self.handshake_timeout
-            connection, plain_on_tls = self._open(sock, pool, deadline)
+            connection, plain_on_tls = self._open(sock, pool, deadline, address)
+            if connection is None:  # an HTTP request, answered
+                return
             link = _Link(connection)
             with self._lock:
                 self._links.add(link)
@@ -305,6 +322,7 @@ class Server:
                 link.send(session.handle(frame))
         except ProtocolError as error:
             log.warning("%s: closing the connection: %s", who, error)
+            self.hosting.failed(who, "ProtocolError", str(error))
             if link is not None:
                 try:
                     link.send([({"t": "error", "kind": "ProtocolError", "reason": str(error)}, [])])
@@ -332,6 +350,15 @@ class Server:
                     self._handshakes -= 1
                 self._threads.discard(threading.current_thread())
 
+    def _answer_http(self, sock, request: http.HttpRequest, address: str, deadline: float, plain_on_tls: bool) -> None:
+        """Answer a plain HTTP request: the status page, /status.json or /metrics (status.py decides)."""
+        if plain_on_tls:
+            response = status.Response(400, "this peer serves only TLS: use https://\n")
+        else:
+            response = request.refusal or status.answer(self.hosting, request.method, request.path,
+                                                        request.header("Authorization"), address, time.time())
+        log.debug("%s: HTTP %s %.100s: %d", address, request.method, request.path, response.status)
+        http.respond(sock, response, deadline, head_only=request.method == "HEAD")
 
     # -- transfers between peers: the I/O of ember.remote.transfers --
     def _answer_fetch(self, link: _Link, init, address: str, deadline: float) -> None:

@@ -15,9 +15,10 @@ import math
 import os
 import sys
 import threading
+import time
 import traceback
 import uuid
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
 
@@ -174,6 +175,13 @@ class BufferPool:
         return freed
 
 
+RECENT_ERRORS = 20  # the failures a session (and a host) remembers for the status page
+KEPT_CHARACTERS = 1000  # of a remembered failure's message (the status shows 300 characters)
+HISTORY = 150       # throughput samples a host keeps (five minutes, one every two seconds)
+#: a session's counters that only grow, and that the peer's totals sum over its sessions
+COUNTED = ("ops", "round_trips", "bytes_in", "bytes_out", "graphs_registered", "graph_runs")
+
+
 class Poison:
     """What a failed op leaves in its outputs: the error, raised where they are read."""
 
@@ -225,6 +233,13 @@ class Session:
         self.unreported: list[Poison] = []      # failures since the last sync
         self.graphs: dict[int, tuple] = {}      # registered graphs, by number
         self.ops = 0
+        # what the peer's status page and /metrics show (ember/remote/status.py reads them, from another thread)
+        self.client = self.address = self.device = ""
+        self.opened = time.time()
+        self.round_trips = self.bytes_in = self.bytes_out = self.graphs_registered = self.graph_runs = 0
+        self.errors: Counter[str] = Counter()  # failures this session met, by kind
+        self.recent: deque[tuple] = deque(maxlen=RECENT_ERRORS)  # (time, kind, message) of the last ones
+        self.watch_lock = threading.Lock()  # errors and recent change on the session's thread, are read on another
         self.used = 0       # bytes counted against the quota: tensors, graph constants, frames in flight, replies
         self.credit = 0     # bytes taken from the budget and not yet used
         self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
@@ -306,7 +321,7 @@ class Session:
                 try:
                     self._take("put", nbytes)
                 except ResourceLimitError as error:
-                    poison = Poison("ResourceLimitError", str(error))
+                    poison = self._fail("ResourceLimitError", str(error))
                     self.tensors[tid] = poison
                     self.unreported.append(poison)
                     return
@@ -314,8 +329,15 @@ class Session:
             self.sizes[tid] = nbytes
         self.tensors[tid] = value
 
+    def _fail(self, kind: str, message: str) -> Poison:
+        """A new failure, counted by kind for the peer's status (its message is shown there too)."""
+        with self.watch_lock:  # failures are rare: the lock costs the op path nothing
+            self.errors[kind] += 1
+            self.recent.append((time.time(), kind, message[:KEPT_CHARACTERS]))
+        return Poison(kind, message)
+
     def _poison(self, outputs, kind: str, message: str) -> None:
-        poison = Poison(kind, message)
+        poison = self._fail(kind, message)
         for tid in outputs:
             self._store(tid, poison, None, False)
         self.unreported.append(poison)
@@ -335,8 +357,14 @@ class Session:
         self._sent = {}
         self._reasons = {i: self._declined.popleft() if self._declined else "declined"
                          for i, segment in enumerate(frame.segments) if segment is None}
+        if frame.segments:
+            self.bytes_in += sum(s.nbytes for s in frame.segments if s is not None)
         try:
-            return self._handle(frame)
+            replies = self._handle(frame)
+            if replies:  # the client waits for each reply: one round trip
+                self.round_trips += 1
+                self.bytes_out += sum(s.nbytes for _, segments in replies for s in segments)
+            return replies
         finally:  # received tensors no message kept (a refused frame, an unused segment) count no more
             received = self._received
             for segment in frame.segments:
@@ -514,7 +542,8 @@ class Session:
             self._settle(tid)
             value = self.tensors.get(tid)
         if value is None:
-            replies.append(("error", rid, "ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)"))
+            failure = self._fail("ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)")
+            replies.append(("error", rid, failure.kind, failure.message))
             return None
         if isinstance(value, Poison):
             replies.append(("error", rid, value.kind, value.message))
@@ -533,7 +562,8 @@ class Session:
                 try:
                     self._take("get", host.nbytes)
                 except ResourceLimitError as error:
-                    replies.append(("error", rid, "ResourceLimitError", str(error)))
+                    failure = self._fail("ResourceLimitError", str(error))
+                    replies.append(("error", rid, failure.kind, failure.message))
                     return
                 self.replying += host.nbytes
                 host = np.ascontiguousarray(host)
@@ -589,6 +619,7 @@ class Session:
     def _graph(self, body, frame_segments, replies, segments) -> None:
         gid, inputs, outputs, ops, constants = body
         self._drop_graph(gid)  # a number registered again is a new graph
+        self.graphs_registered += 1
         known = {tid: Meta(tuple(shape), dtype) for tid, dtype, shape in inputs}
         values, held, need = {}, 0, 0
         records, error, plan = [], None, None
@@ -613,7 +644,7 @@ class Session:
                 raise ProtocolError(f"graph output {missing[0]} is not produced by the graph")
             plan = self.engine.compile(records, [tid for tid, _, _ in inputs], values, outputs, known)
         except Exception as failure:
-            error = Poison(_error_kind(failure), f"graph: {failure}")
+            error = self._fail(_error_kind(failure), f"graph: {failure}")
             self._give(held)
             held = 0
         input_metas = tuple((tid, known[tid]) for tid, _, _ in inputs)
@@ -626,6 +657,7 @@ class Session:
             self._poison(output_ids, "ExecutionError", f"run: unknown graph {gid!r}")
             return
         inputs, outputs, plan, out_metas, error, _, need = graph
+        self.graph_runs += 1  # a run of a registered graph: the registration is reused (a cache hit)
         if error is not None:
             for tid in output_ids:
                 self._store(tid, error, None, False)
@@ -698,16 +730,16 @@ class Session:
             self._settle(tid)
         value, meta, nbytes = self.tensors.get(tid), self.metas.get(tid), 0
         if value is None:
-            value = Poison("ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)")
+            value = self._fail("ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)")
         elif type(value) is not Poison:
             nbytes = meta.nbytes
             reason = self._reserve(nbytes)
             if reason is not None:
-                value, nbytes = Poison("ResourceLimitError", f"grant of tensor {tid}: {reason}"), 0
+                value, nbytes = self._fail("ResourceLimitError", f"grant of tensor {tid}: {reason}"), 0
         refusal = self.transfers.grant(Grant(capability, session, value, meta, self, nbytes))
         if refusal is not None:
             self._give(nbytes)
-            self.unreported.append(Poison("ResourceLimitError", refusal))
+            self.unreported.append(self._fail("ResourceLimitError", refusal))
         else:
             self.granted += nbytes
 
@@ -772,7 +804,7 @@ class Registry:
     """The live sessions of a server (for its counters)."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # reentrant: a status snapshot holds it while it sums the host's totals
         self.sessions: set[Session] = set()
 
     def stats(self) -> dict:
@@ -797,6 +829,50 @@ class Host:
         self.budget = budget or Budget()
         self.pool = BufferPool(budget=self.budget)  # shared by every session, within the budget
         self.clients: dict[Session, str] = {}  # each open session's client, as logs and stats name it
+        # for the status page and /metrics (status.py): what closed sessions did, failures, throughput samples
+        self.started = time.time()
+        self.retired: Counter[str] = Counter()  # the counters of closed sessions (COUNTED), summed
+        self.errors: Counter[str] = Counter()   # refusals, protocol errors and closed sessions' failures, by kind
+        self.recent: deque[tuple] = deque(maxlen=RECENT_ERRORS)  # (time, client, kind, message)
+        self.history: deque[tuple] = deque(maxlen=HISTORY)  # (time, {counter: total}) every few seconds
+        self.watch_lock = threading.Lock()  # guards the four above (taken after registry.lock, never before)
+
+    def failed(self, client: str, kind: str, message: str) -> None:
+        """Count a failure outside any session's ops (a refused handshake, a broken frame)."""
+        with self.watch_lock:
+            self.errors[kind] += 1
+            self.recent.append((time.time(), client, kind, message[:KEPT_CHARACTERS]))
+
+    def totals(self) -> dict:
+        """Each of COUNTED summed over every session the peer has had, open or closed."""
+        with self.registry.lock:  # a closing session moves its counts into retired under this lock
+            with self.watch_lock:
+                totals = Counter(self.retired)
+            for session in self.registry.sessions:
+                for name in COUNTED:
+                    totals[name] += getattr(session, name)
+        return {name: totals[name] for name in COUNTED}
+
+    def sample(self, now: float) -> None:
+        """Remember the totals at ``now`` (the shell calls it every few seconds: the throughput chart)."""
+        totals = self.totals()
+        with self.watch_lock:
+            self.history.append((now, totals))
+
+    def admits(self, address: str, token) -> str | None:
+        """Who a request presenting ``token`` is (its name, or its address), if this peer's access rule
+        admits it to one of the hosted devices; None if not. The handshake's own check, so tokens are
+        compared the same way (in constant time)."""
+        if self.authorize is None:
+            return address
+        for index in range(len(self.devices)):
+            try:
+                verdict = self.authorize(address, token, index)
+            except Exception:  # AccessDenied, or a broken authorizer: not admitted
+                continue
+            if verdict is not False:
+                return verdict if isinstance(verdict, str) else address
+        return None
 
     @property
     def backend_name(self) -> str:
@@ -812,6 +888,7 @@ class Host:
             raise ProtocolError("the first frame must be an init")
 
         def refuse(kind: str, reason: str) -> tuple[None, list[Reply]]:
+            self.failed(address, kind, reason)
             return None, [({"t": "refuse", "kind": kind, "reason": reason}, [])]
 
         version = header.get("v")
@@ -847,6 +924,7 @@ class Host:
                                           f"once; try again later")
             self.registry.sessions.add(session)
             self.clients[session] = client
+        session.client, session.address, session.device = client, address, str(hosted)
         info = {
             "t": "info", "v": wire.VERSION, "session": session.id, "peer": self.identity, "backend": self.backend_name,
             "device": str(hosted), "devices": tuple(str(d) for d in self.devices), "device_count": len(self.devices),
@@ -860,6 +938,12 @@ class Host:
     def close(self, session: Session) -> None:
         """Forget ``session`` and free its tensors (its client went away)."""
         with self.registry.lock:
+            if session in self.registry.sessions:  # its counters stay in the peer's totals
+                with self.watch_lock:
+                    for name in COUNTED:
+                        self.retired[name] += getattr(session, name)
+                    self.errors.update(session.errors)
+                    self.recent.extend((when, session.client, kind, message) for when, kind, message in session.recent)
             self.registry.sessions.discard(session)
             self.clients.pop(session, None)
         self.transfers.revoke(session)

@@ -1,8 +1,8 @@
 """The WebSocket shell: the same frames, one binary message each, for proxies and browsers.
 
 It drives the ``websockets`` library's sans-I/O protocol objects over a blocking socket, so the
-server can take WebSocket clients on the same port as TCP ones (a request starting with
-``GET`` is a WebSocket upgrade). Over TLS (``wss://``) the socket is wrapped before the upgrade.
+server can take WebSocket clients on the same port as TCP ones (an HTTP request asking for an
+upgrade; the server reads its head, ember/remote/http.py). Over TLS (``wss://``) the socket is wrapped before the upgrade.
 """
 
 from __future__ import annotations
@@ -183,15 +183,18 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
 def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None, received: bytes = b"",
            deadline: float | None = None) -> WebSocketConnection:
     """Complete the WebSocket opening handshake of an accepted socket, before ``deadline`` when
-    given (a ``time.monotonic()`` value); ``received`` holds the request's first bytes when they
-    were already read from the socket."""
+    given (a ``time.monotonic()`` value); ``received`` holds the request's bytes (some, or all of
+    it) when they were already read from the socket."""
     protocol = ServerProtocol(max_size=_max_size(limits))
+    events = []
     if received:
         protocol.receive_data(received)
+        events = protocol.events_received()  # the whole request may be there already
     connection = WebSocketConnection(sock, protocol, limits, allocate)
     connection.deadline = deadline
     while True:
-        for event in connection._pump():
+        arrived, events = events or connection._pump(), []
+        for event in arrived:
             if isinstance(event, Request):
                 response = protocol.accept(event)
                 protocol.send_response(response)

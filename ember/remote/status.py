@@ -1,0 +1,145 @@
+"""What a compute peer shows of itself over HTTP, without I/O: ``/status.json``, ``/metrics``, ``/``.
+
+:func:`snapshot` reads the counters that :class:`~ember.remote.session.Host` and its sessions keep
+into one plain dict; :func:`prometheus` renders it in Prometheus' text format (with the
+``prometheus-client`` library, the ``metrics`` extra); :data:`PAGE` is a status page that draws
+``/status.json`` in the browser, itself, every two seconds (inline script and SVG: no network).
+:func:`answer` is the routing: a parsed request in, a response out, so ``http.py``, the shell,
+only reads and writes bytes. When the peer admits clients by token, every path but the page
+itself (which holds no data: it asks for the token in a form, then sends it as a bearer header)
+requires one; no path shows a token.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .page import PAGE as _PAGE
+from .session import COUNTED, Host
+
+REFRESH_SECONDS = 2  # how often the page asks for /status.json
+MESSAGE_CHARACTERS = 300  # an error's message, as the page and the JSON show it
+PAGE = _PAGE.replace("{{refresh}}", str(REFRESH_SECONDS * 1000))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MESSAGE_CHARACTERS else text[:MESSAGE_CHARACTERS - 1] + "…"
+
+
+def snapshot(host: Host, now: float) -> dict:
+    """The peer's state at ``now`` (``time.time()``): hosted devices, memory, totals, one entry per
+    session, throughput samples (the last one is now) and recent errors. Plain JSON values."""
+    with host.registry.lock:  # one view: a closing session moves its counts into the host's under this lock
+        sessions = sorted(host.registry.sessions, key=lambda s: s.opened)
+        totals = host.totals()
+        with host.watch_lock:  # copies: the host's and the sessions' threads go on changing them
+            errors, recent, history = host.errors.copy(), list(host.recent), [*host.history, (now, totals)]
+        copies = []
+        for session in sessions:
+            with session.watch_lock:
+                copies.append((session.errors.copy(), list(session.recent)))
+    rows = []
+    for session, (session_errors, session_recent) in zip(sessions, copies):
+        errors.update(session_errors)
+        recent += [(when, session.client, kind, message) for when, kind, message in session_recent]
+        last = session_recent[-1] if session_recent else None
+        rows.append({
+            "session": session.id[:8], "client": session.client, "address": session.address, "device": session.device,
+            "age_seconds": round(now - session.opened, 3), "live_tensors": len(session.tensors),
+            "live_bytes": session.used, **{name: getattr(session, name) for name in COUNTED},
+            "errors": dict(session_errors),
+            "last_error": None if last is None else {"kind": last[1], "message": _clip(last[2])},
+        })
+    recent.sort()
+    return {
+        "backend": host.backend_name, "devices": [str(d) for d in host.devices],
+        "started": host.started, "uptime_seconds": round(now - host.started, 3),
+        "memory": {"budget_bytes": host.budget.limit, "used_bytes": host.budget.used,
+                   "session_quota_bytes": host.limits.max_session_bytes},
+        "totals": {"sessions": len(rows), "live_tensors": sum(r["live_tensors"] for r in rows),
+                   "live_bytes": sum(r["live_bytes"] for r in rows), **totals, "errors": dict(errors)},
+        "sessions": rows,
+        "history": [{"time": when, **counts} for when, counts in history],
+        "recent_errors": [{"time": when, "client": client, "kind": kind, "message": _clip(message)}
+                          for when, client, kind, message in recent[-20:]],
+    }
+
+
+def prometheus(state: dict) -> bytes:
+    """``state`` (a :func:`snapshot`) in Prometheus' text exposition format."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    totals, sessions = state["totals"], state["sessions"]
+    labels = ["session", "client"]
+
+    def per_session(family, field):
+        for row in sessions:
+            family.add_metric([row["session"], row["client"]], row[field])
+        return family
+
+    def families():
+        yield GaugeMetricFamily("ember_uptime_seconds", "Seconds since the peer started", value=state["uptime_seconds"])
+        yield GaugeMetricFamily("ember_sessions", "Open sessions", value=totals["sessions"])
+        yield GaugeMetricFamily("ember_memory_budget_bytes", "The bytes all sessions may hold together",
+                                value=state["memory"]["budget_bytes"])
+        yield GaugeMetricFamily("ember_memory_used_bytes", "The bytes counted against the budget (tensors, frames, pool)",
+                                value=state["memory"]["used_bytes"])
+        yield GaugeMetricFamily("ember_live_tensors", "Tensors held by all sessions", value=totals["live_tensors"])
+        yield GaugeMetricFamily("ember_live_bytes", "Bytes held by all sessions", value=totals["live_bytes"])
+        yield per_session(GaugeMetricFamily("ember_session_live_tensors", "Tensors held by a session", labels=labels),
+                          "live_tensors")
+        yield per_session(GaugeMetricFamily("ember_session_live_bytes", "Bytes held by a session (its quota counts them)",
+                                            labels=labels), "live_bytes")
+        for field, text in (("ops", "Ops executed"), ("round_trips", "Replies a client waited for"),
+                            ("bytes_in", "Tensor bytes received"), ("bytes_out", "Tensor bytes sent"),
+                            ("graphs_registered", "Captured graphs registered"),
+                            ("graph_runs", "Runs of a registered graph (registration cache hits)")):
+            yield CounterMetricFamily(f"ember_{field}", f"{text}, by all sessions since the peer started",
+                                      value=totals[field])
+            yield per_session(CounterMetricFamily(f"ember_session_{field}", f"{text}, by a session", labels=labels), field)
+        errors = CounterMetricFamily("ember_errors", "Failures (failed ops, refusals, broken frames), by kind", labels=["kind"])
+        for kind, count in sorted(totals["errors"].items()):
+            errors.add_metric([kind], count)
+        yield errors
+
+    class Collector:
+        def collect(self):
+            return families()
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    return generate_latest(registry)
+
+
+class Response:
+    """What :func:`answer` tells the shell to send."""
+
+    def __init__(self, status: int, body: bytes | str, content_type: str = "text/plain; charset=utf-8", **headers: str):
+        self.status, self.content_type, self.headers = status, content_type, headers
+        self.body = body.encode() if isinstance(body, str) else body
+
+
+def answer(host: Host, method: str, path: str, authorization: str | None, address: str, now: float) -> Response:
+    """The response to a request for ``path`` (the query is ignored) with the ``Authorization``
+    header ``authorization``: 405 for methods other than GET and HEAD, 404 for unknown paths, 401
+    without an accepted bearer token where the peer asks for one."""
+    path = path.split("?", 1)[0]
+    if method not in ("GET", "HEAD"):
+        return Response(405, "only GET and HEAD are served here\n", Allow="GET, HEAD")
+    if path not in ("/", "/index.html", "/status.json", "/metrics"):
+        return Response(404, f"no page at {path[:100]}; try /, /status.json or /metrics\n")
+    if path in ("/", "/index.html"):
+        return Response(200, PAGE, "text/html; charset=utf-8")
+    scheme, _, token = (authorization or "").partition(" ")
+    if host.admits(address, token.strip() if scheme.lower() == "bearer" else None) is None:
+        return Response(401, "this peer asks for a token: send the header Authorization: Bearer TOKEN\n",
+                        **{"WWW-Authenticate": 'Bearer realm="ember"'})
+    state = snapshot(host, now)
+    if path == "/status.json":
+        return Response(200, json.dumps(state), "application/json")
+    try:
+        text = prometheus(state)
+    except ImportError:
+        return Response(501, "/metrics needs prometheus-client: pip install 'ember[metrics]'\n")
+    return Response(200, text, "text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,266 @@
+"""A compute peer watched over HTTP on its own port (/metrics, /status.json, /), ``ember top``, and
+``em.profile``: all against real ``ember serve`` processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import ember as em
+
+from .peers import Peer
+from .test_tls import pki  # noqa: F401  (a fixture: the throwaway CA)
+
+TOKEN = "watch-token-0123456789"
+OTHER = "other-token-9876543210"
+THIRD = "third-token-5555555555"
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+
+@pytest.fixture(scope="module")
+def tokens_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("watch") / "tokens"
+    path.write_text(f"alice {TOKEN}\nbob {OTHER} 0\ncarol {THIRD} 1\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def guarded(tokens_file):
+    """A peer whose clients are named in a tokens file; its handshake deadline is long, so a prompt
+    answer to a bad request cannot be that deadline running out."""
+    with Peer("--tokens-file", str(tokens_file), "--handshake-timeout", "60") as running:
+        yield running
+
+
+def get(peer, path: str, token: str | None = None, method: str = "GET") -> tuple[int, dict, bytes]:
+    request = urllib.request.Request(f"http://{peer.address}{path}", method=method,
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def raw_answer(peer, data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection; all the peer answers before it closes. A peer that waits (for
+    its 60 s handshake deadline) instead fails the test at the socket's 10 s timeout."""
+    host, port = peer.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(data)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pytest.fail(f"the peer neither answered nor closed after {data[:30]!r}")
+        except ConnectionResetError:  # a refused request whose rest was never read
+            pass
+    return received
+
+
+def test_metrics_and_status_count_a_real_session(guarded):
+    remote = em.device(guarded.url(token=TOKEN))
+    x = em.asarray(np.arange(1000, dtype=np.float32), device=remote)
+    for i in range(5):
+        float(em.sum(x * i))
+    with pytest.raises(em.ExecutionError, match="Singular"):
+        em.asnumpy(em.linalg.inv(em.zeros((2, 2), device=remote)))
+    step = em.jit(lambda a: em.sin(a) + 1)
+    for _ in range(3):
+        em.asnumpy(step(x))
+    client = em.stats(remote)
+
+    status, headers, body = get(guarded, "/status.json", TOKEN)
+    assert status == 200 and headers["Content-Type"] == "application/json" and headers["Cache-Control"] == "no-store"
+    state = json.loads(body)
+    (row,) = [r for r in state["sessions"] if r["client"] == "alice"]
+    assert row["ops"] == client["ops"] + 3 * 2  # the client's op messages, and the graph's two ops run three times
+    assert row["round_trips"] == client["round_trips"]
+    assert row["graphs_registered"] == 1 and row["graph_runs"] == 3
+    assert row["live_tensors"] >= 1 and row["live_bytes"] >= x.size * 4
+    assert row["bytes_in"] == 4000 and row["bytes_out"] >= 5 * 4 + 3 * 4000
+    assert row["errors"] == {"ExecutionError": 1} and row["last_error"]["message"].startswith("inv: Singular matrix")
+    assert row["address"].startswith("127.0.0.1:") and state["devices"] == ["numpy"]
+    assert any(e["client"] == "alice" and e["kind"] == "ExecutionError" for e in state["recent_errors"])
+    assert state["history"][-1]["ops"] >= row["ops"] and state["totals"]["sessions"] >= 1
+    assert TOKEN.encode() not in body and OTHER.encode() not in body
+
+    from prometheus_client.parser import text_string_to_metric_families
+    status, headers, body = get(guarded, "/metrics", TOKEN)
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+    labels = (("client", "alice"), ("session", row["session"]))
+    assert samples[("ember_session_ops_total", labels)] == row["ops"]
+    assert samples[("ember_session_round_trips_total", labels)] == row["round_trips"]
+    assert samples[("ember_session_live_bytes", labels)] >= x.size * 4
+    assert samples[("ember_graph_runs_total", ())] >= 3 and samples[("ember_errors_total", (("kind", "ExecutionError"),))] >= 1
+    assert samples[("ember_memory_budget_bytes", ())] > 0 and samples[("ember_uptime_seconds", ())] > 0
+    assert TOKEN.encode() not in body
+    remote.engine.close()
+
+
+def test_the_data_asks_for_a_token_compared_as_the_handshake_does(guarded):
+    for token in (None, "wrong-token-000000", TOKEN + "x"):
+        for path in ("/status.json", "/metrics"):
+            status, headers, body = get(guarded, path, token)
+            assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="ember"' and b"sessions" not in body
+    assert get(guarded, "/status.json", OTHER)[0] == 200  # bob may use device 0, which this peer hosts
+    assert get(guarded, "/status.json", THIRD)[0] == 401  # carol may use only device 1, which it does not
+    status, headers, page = get(guarded, "/")  # the page holds no data: it asks for the token itself
+    assert status == 200 and headers["Content-Type"].startswith("text/html") and b'id="login"' in page
+    assert "default-src 'none'" in headers["Content-Security-Policy"] and b"<script src" not in page
+    assert TOKEN.encode() not in page
+
+
+def test_bad_requests_are_answered_at_once(guarded):
+    assert get(guarded, "/nothing-here", TOKEN)[0] == 404
+    status, headers, _ = get(guarded, "/metrics", TOKEN, method="DELETE")
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+    status, headers, body = get(guarded, "/status.json", TOKEN, method="HEAD")
+    assert status == 200 and int(headers["Content-Length"]) > 0 and body == b""
+    for request, answer in ((b"POST / HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1000, b"405"),
+                            (b"GET / HTTP/9.9\r\n\r\n", b"400"),
+                            (b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n"
+                             b"Authorization: Bearer x\r\n\r\n", b"401"),  # two: neither counts
+                            (b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nUpgrade: h2c\r\n\r\n", b"200"),
+                            (b"GET / HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 70 + b"\r\n", b"431"),
+                            (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 7000 + b"\r\nX-Big2: " + b"b" * 7000 + b"\r\n"
+                             + b"X-Big3: " + b"c" * 7000, b"431"),
+                            (b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n", b"414")):
+        assert raw_answer(guarded, request).startswith(b"HTTP/1.1 " + answer), request[:40]
+    remote = em.device(guarded.url(token=TOKEN))  # the peer serves sessions as before
+    assert float(em.sum(em.ones(3, device=remote))) == 3.0 and guarded.tracebacks == 0
+    remote.engine.close()
+
+
+def test_ember_top_prints_the_sessions(guarded):
+    remote = em.device(guarded.url(token=TOKEN))
+    float(em.sum(em.ones(3, device=remote)))
+    command = [sys.executable, "-m", "ember.cli", "top", f"ember://{guarded.address}", "--once"]
+    shown = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "EMBER_TOKEN": TOKEN})
+    assert shown.returncode == 0, shown.stderr
+    assert "ember peer: numpy (numpy)" in shown.stdout and "sessions" in shown.stdout
+    (line,) = [line for line in shown.stdout.splitlines() if line.startswith("alice ")]
+    assert "127.0.0.1:" in line and "numpy" in line and TOKEN not in shown.stdout
+    refused = subprocess.run([*command, "--token", "wrong-token-000000"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "asks for a token" in refused.stderr and "wrong-token" not in refused.stderr
+    bad = subprocess.run([*command[:-2], f"ember://{TOKEN}@{guarded.address}/x", "--once"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 1 and "bad remote device" in bad.stderr and TOKEN not in bad.stderr
+    remote.engine.close()
+
+
+def test_ember_top_refreshes_until_interrupted(peer):
+    import signal
+    watching = subprocess.Popen([sys.executable, "-m", "ember.cli", "top", f"ember://{peer.address}", "--interval", "0.2"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    shown = ""
+    try:
+        while shown.count("ember peer: numpy") < 2:  # until it has refreshed once
+            line = watching.stdout.readline()
+            assert line, watching.stderr.read()
+            shown += line
+        watching.send_signal(signal.SIGINT)
+        out, err = watching.communicate(timeout=30)
+    finally:
+        watching.kill()
+        watching.wait()
+    assert watching.returncode == 0 and "Traceback" not in err  # Ctrl-C ends it cleanly
+    assert shown.count("\x1b[H\x1b[2J") >= 2  # each refresh from the top of a cleared screen
+
+
+def test_profile_attributes_waits_to_the_users_line(peer, tmp_path):
+    remote = em.device(peer.url())
+    x = em.asarray(np.arange(100.0), device=remote)
+    with em.profile() as p:
+        for i in range(7):
+            total = float(em.sum(x * i))  # the line that waits, seven times
+        em.nonzero(x > 50)  # a data-dependent shape
+        em.sync(remote)
+    assert total == 6 * 4950.0
+    rows = {(os.path.basename(r.file), r.source): r for r in p.rows()}
+    loop = rows[("test_status.py", "total = float(em.sum(x * i))  # the line that waits, seven times")]
+    assert loop.waits == 7 and dict(loop.kinds) == {"read": 7} and loop.bytes == 7 * (16 + 8)  # prefix + one float64
+    assert loop.devices == {str(remote): 7} and loop.seconds > 0
+    assert loop.function == "test_profile_attributes_waits_to_the_users_line"
+    assert dict(rows[("test_status.py", "em.nonzero(x > 50)  # a data-dependent shape")].kinds) == {"shape": 1}
+    assert dict(rows[("test_status.py", "em.sync(remote)")].kinds) == {"sync": 1}
+    assert p.rows()[0].seconds >= p.rows()[-1].seconds and p.waits == 9
+    table = p.table()
+    assert "9 waits" in table and "read×7" in table and "total = float(em.sum(x * i))" in table
+    saved = json.loads(p.save(tmp_path / "profile.json").read_text())
+    assert saved["waits"] == 9 and len(saved["events"]) == 9
+    assert {line["line"] for line in saved["lines"] if line["waits"] == 7} == {loop.line}
+    float(em.sum(x))  # after the profile: not recorded
+    assert p.waits == 9
+
+
+def test_ember_profile_reports_a_whole_program_at_exit(peer, tmp_path):
+    program = tmp_path / "loop.py"
+    program.write_text(f"import ember as em\nx = em.ones(4, device={peer.url()!r})\n"
+                       "for i in range(3):\n    print(float(em.sum(x * i)))\n")
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "EMBER_PROFILE": str(tmp_path / "out.json")}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.0", "4.0", "8.0"]
+    assert "ember profile: 3 waits" in done.stderr and "loop.py:4" in done.stderr and "read×3" in done.stderr
+    assert json.loads((tmp_path / "out.json").read_text())["lines"][0]["line"] == 4
+
+
+def test_the_counts_and_the_routing_without_sockets():
+    """A Host fed frames directly: what a session did is counted once, kept after it closes, and answer()
+    routes and checks tokens with no socket in the way."""
+    from ember.remote import status
+    from ember.remote.session import BufferPool, Host, hosted_devices
+    from ember.wire import protocol as wire
+    from ember.wire.protocol import Frame, Limits
+
+    host = Host(hosted_devices("numpy"), TOKEN, Limits())
+    refused, _ = host.open(Frame({"t": "init", "v": wire.VERSION, "device": 0, "token": "nope-nope"}, []), BufferPool())
+    session, _ = host.open(Frame({"t": "init", "v": wire.VERSION, "device": 0, "token": TOKEN}, []), BufferPool(), "1.2.3.4:5")
+    data = np.arange(4.0)
+    batch = ({"t": "batch", "m": (("put", 1, 0), ("op", "add", (1, 1), (2,), {}), ("op", "inv", (2,), (3,), {}),
+                                  ("get", 1, 2), ("get", 2, 3))}, [data])
+    replies = session.handle(Frame(*batch))
+    assert [m[0] for m in replies[0][0]["m"]] == ["data", "error"]
+    state = status.snapshot(host, now=session.opened + 10)
+    (row,) = state["sessions"]
+    assert (row["ops"], row["round_trips"], row["bytes_in"], row["bytes_out"]) == (2, 1, 32, 32)
+    assert row["client"] == row["address"] == "1.2.3.4:5" and row["age_seconds"] == 10 and row["live_tensors"] == 3
+    assert row["errors"] == {"ShapeError": 1} and row["last_error"]["kind"] == "ShapeError"
+    assert state["totals"]["errors"] == {"ShapeError": 1, "AccessDenied": 1}
+    host.close(session)
+    after = status.snapshot(host, now=session.opened + 20)
+    assert after["sessions"] == [] and after["totals"]["ops"] == 2 and after["totals"]["errors"]["ShapeError"] == 1
+    assert [e["kind"] for e in after["recent_errors"]] == ["AccessDenied", "ShapeError"]
+
+    def answer(method, path, authorization=None):
+        return status.answer(host, method, path, authorization, "1.2.3.4:6", 0.0)
+
+    assert answer("GET", "/status.json").status == 401 and answer("GET", "/metrics", f"Basic {TOKEN}").status == 401
+    assert answer("GET", "/status.json?x=1", f"Bearer {TOKEN}").status == 200
+    assert answer("GET", "/metrics", f"bearer {TOKEN}").body.startswith(b"# HELP ember_uptime_seconds")
+    assert answer("GET", "/").status == 200 and answer("GET", "/admin").status == 404
+    assert answer("PUT", "/").status == 405 and answer("PUT", "/").headers == {"Allow": "GET, HEAD"}
+
+
+def test_a_tls_peer_shows_its_status_over_https_only(pki):  # noqa: F811
+    import ssl
+    with Peer(*pki.local.serve_args()) as running:
+        context = ssl.create_default_context(cafile=pki.ca)
+        with urllib.request.urlopen(f"https://{running.address}/status.json", context=context, timeout=10) as reply:
+            assert reply.status == 200 and json.loads(reply.read())["devices"] == ["numpy"]
+        assert raw_answer(running, b"GET /status.json HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400")  # plain: refused
+        shown = subprocess.run([sys.executable, "-m", "ember.cli", "top", f"embers://{running.address}", "--once",
+                                "--tls-ca", pki.ca], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "ember peer: numpy (numpy)" in shown.stdout, shown.stderr
