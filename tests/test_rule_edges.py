@@ -114,6 +114,34 @@ def test_gradients_of_a_real_sign_and_of_a_dot_product():
     np.testing.assert_array_equal(em.asnumpy(v.grad), [3.0, 6.0, 9.0])
 
 
+def test_setitem_gradients_with_a_scalar_a_broadcast_value_and_an_index_array():
+    """_setitem_grad: what was overwritten gets no gradient; a broadcast value gets its cotangents summed; a Python
+    scalar gets none; an index array selects like a slice."""
+    weights = em.asarray([1.0, 5.0, 7.0, 11.0])
+    x = em.asarray([1.0, 2.0, 3.0, 4.0], device=em.autodiff("numpy")).requires_grad_()
+    v = em.asarray([10.0], device=em.autodiff("numpy")).requires_grad_()
+    y = x * 1.0
+    y[1:3] = v  # broadcast to two places
+    y[0] = 5.0  # a scalar
+    em.sum(y * weights).backward()
+    np.testing.assert_array_equal(em.asnumpy(x.grad), [0.0, 0.0, 0.0, 11.0])
+    np.testing.assert_array_equal(em.asnumpy(v.grad), [12.0])
+    x = em.asarray([1.0, 2.0, 3.0, 4.0], device=em.autodiff("numpy")).requires_grad_()
+    v = em.asarray([10.0, 20.0], device=em.autodiff("numpy")).requires_grad_()
+    y = x * 1.0
+    y[em.asarray([3, 0])] = v
+    em.sum(y * weights).backward()
+    np.testing.assert_array_equal(em.asnumpy(x.grad), [0.0, 5.0, 7.0, 0.0])
+    np.testing.assert_array_equal(em.asnumpy(v.grad), [11.0, 1.0])
+
+
+def test_repeat_gradient_over_the_flattened_array():
+    """_repeat_grad with axis=None: the input is flattened, each element repeated, the cotangents summed back."""
+    x = em.asarray([[1.0, 2.0], [3.0, 4.0]], device=em.autodiff("numpy")).requires_grad_()
+    em.sum(em.repeat(x, 2) * em.arange(8.0)).backward()
+    np.testing.assert_array_equal(em.asnumpy(x.grad), [[1.0, 5.0], [9.0, 13.0]])
+
+
 def test_grad_of_grad_is_refused_not_silently_zero():
     """The inner grad would differentiate a detached copy, so the outer gradient would be zero: refused."""
     inner = em.grad(lambda x: em.sum(em.sin(x)))
@@ -139,13 +167,16 @@ def _ties():
         (lambda x: em.nn.gelu(x), lambda t: torch.nn.functional.gelu(t), [0.0, 1.0, -1.0]),
         (lambda x: em.max(em.reshape(x, (2, 3)), axis=1, keepdims=True),
          lambda t: torch.amax(t.reshape(2, 3), dim=1, keepdim=True), [3.0, 1.0, 3.0, 2.0, 2.0, 0.0]),
+        # a stable sort keeps tied elements in order, and their cotangents with them
+        (lambda x: em.sort(x, stable=True) * em.arange(1.0, 6.0), lambda t: torch.sort(t, stable=True).values * torch.arange(
+            1.0, 6.0, dtype=torch.float64), [2.0, 1.0, 2.0, 0.5, 2.0]),
     ]
 
 
 @pytest.mark.skipif(not torch_available(), reason="torch is not installed")
-@pytest.mark.parametrize("case", range(8), ids=["norm inf ties", "norm 0.5 at zero", "matrix norm 1 ties",
+@pytest.mark.parametrize("case", range(9), ids=["norm inf ties", "norm 0.5 at zero", "matrix norm 1 ties",
                                                  "matrix norm inf ties", "max ties", "max ties on an axis", "gelu at 0",
-                                                 "max ties kept dims"])
+                                                 "max ties kept dims", "stable sort ties"])
 def test_gradients_at_ties_take_pytorchs_subgradient(case):
     """Ties share the gradient evenly (PyTorch's amax); a zero vector and gelu at 0 take PyTorch's values."""
     import torch
