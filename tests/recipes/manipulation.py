@@ -29,7 +29,8 @@ def _concat_examples(g):
         s = list(shape)
         s[axis] = g.integer(0, 3)
         arrays.append(g.array(tuple(s), dtype))
-    return tuple(arrays), {"axis": axis}
+    flat = g.flag()  # axis=None: the arrays flattened, then joined (their shapes may differ)
+    return (tuple(g.array(g.shape(), dtype) for _ in arrays) if flat else tuple(arrays)), {"axis": None if flat else axis}
 
 
 def _stack_examples(g):
