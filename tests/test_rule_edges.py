@@ -142,6 +142,14 @@ def test_repeat_gradient_over_the_flattened_array():
     np.testing.assert_array_equal(em.asnumpy(x.grad), [[1.0, 5.0], [9.0, 13.0]])
 
 
+def test_unstack_gradient_when_only_some_parts_are_used():
+    """_unstack_grad: an unused part's cotangent is zero."""
+    x = em.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], device=em.autodiff("numpy")).requires_grad_()
+    parts = em.unstack(x, axis=0)
+    em.sum(parts[1] * em.asarray([2.0, 3.0])).backward()
+    np.testing.assert_array_equal(em.asnumpy(x.grad), [[0.0, 0.0], [2.0, 3.0], [0.0, 0.0]])
+
+
 def test_grad_of_grad_is_refused_not_silently_zero():
     """The inner grad would differentiate a detached copy, so the outer gradient would be zero: refused."""
     inner = em.grad(lambda x: em.sum(em.sin(x)))

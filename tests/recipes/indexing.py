@@ -37,7 +37,8 @@ def _take_along_examples(g):
     shape = g.shape(min_dims=1, min_side=1)
     axis = g.integer(-len(shape), len(shape) - 1)
     n = shape[axis]
-    ishape = tuple(g.integer(0, 3) if i == axis % len(shape) else s for i, s in enumerate(shape))
+    # beside the axis, indices match x or broadcast against it from a side of 1
+    ishape = tuple(g.integer(0, 3) if i == axis % len(shape) else g.choice([s, 1]) for i, s in enumerate(shape))
     return (g.array(shape, g.dtype("any")), g.array(ishape, dt.int64, low=-n, high=n - 1)), {"axis": axis}
 
 
