@@ -66,9 +66,9 @@ class Array:
         return self._meta.size
 
     def __array_namespace__(self, *, api_version: str | None = None):
-        """The ember module, which implements the Array API standard 2024.12."""
-        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
-            raise ValueError(f"ember implements the Array API standard up to 2024.12, not {api_version!r}")
+        """The ember module, which implements the Array API standard 2025.12 (and the revisions before it)."""
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12", "2025.12"):
+            raise ValueError(f"ember implements the Array API standard up to 2025.12, not {api_version!r}")
         return Array._namespace
 
     # --- reads: the points that wait for the device --------------------------------------------

@@ -130,6 +130,8 @@ def test_numpy_and_torch_agree(name, data):
     determined = range(len(expected)) if op.determined is None else op.determined
     for i in determined:
         e, a = em.asnumpy(expected[i]), em.asnumpy(actual[i])
+        if i in op.unordered:  # the same values, in an order each backend picks
+            e, a = np.sort(e, axis=-1), np.sort(a, axis=-1)
         assert a.shape == e.shape and a.dtype == e.dtype
         tolerance = _tolerance(expected[i].dtype)
         # rounding errors scale with the result's magnitude: pinv of a float32 matrix with entries near 256
