@@ -90,9 +90,40 @@ def _floor_divide(x1, x2):
     out = jnp.floor_divide(x1, x2)
     if jnp.issubdtype(out.dtype, jnp.floating):  # inf // finite must be floor(x1 / x2), as in NumPy's fix
         x1, x2 = jnp.asarray(x1, out.dtype), jnp.asarray(x2, out.dtype)
+        quotient = jnp.divide(x1, x2)
         infinite = jnp.isinf(x1) & jnp.isfinite(x2) | jnp.isfinite(x1) & jnp.isinf(x2)
-        out = jnp.where(infinite, jnp.floor(jnp.divide(x1, x2)), out)
+        out = jnp.where(infinite, jnp.floor(quotient), out)
+        out = jnp.where(out == 0, jnp.copysign(out, quotient), out)  # -0 // 2 is -0, the quotient's sign; XLA's is +0
     return out
+
+
+def _remainder(x1, x2):
+    out = jnp.remainder(x1, x2)
+    if jnp.issubdtype(out.dtype, jnp.floating):  # a zero result takes the sign of x2
+        out = jnp.where(out == 0, jnp.copysign(out, jnp.asarray(x2, out.dtype)), out)
+    return out
+
+
+def _sign(x):
+    return jnp.where(x == 0, jnp.zeros_like(x), jnp.sign(x))  # sign(±0) is +0, sign(0j) is 0j (not nan)
+
+
+def _complex_edges(name, function):
+    """``function`` with NumPy backend's values where a complex input is not finite: XLA's complex functions miss
+    many of the standard's special cases there (exp(-inf + infj) is 0 + 0j). Eager only: a compiled graph keeps
+    XLA's values (see docs/conformance.md)."""
+    from .numpy import KERNELS as NUMPY_KERNELS
+    reference = NUMPY_KERNELS[name]
+
+    def kernel(x):
+        out = function(x)
+        if jnp.iscomplexobj(x) and _concrete(x) and x.size and not bool(jnp.all(jnp.isfinite(x))):
+            host = np.asarray(x)
+            with np.errstate(all="ignore"):
+                fixed = np.where(np.isfinite(host), np.asarray(out), reference(host)).astype(host.dtype)
+            out = jax.device_put(fixed, x.device)
+        return out
+    return kernel
 
 
 def _complex(a):
@@ -150,12 +181,12 @@ _BINARY_AND_UNARY = {
     "cos": jnp.cos, "cosh": jnp.cosh, "exp": jnp.exp, "expm1": jnp.expm1, "floor": jnp.floor, "imag": jnp.imag,
     "isfinite": jnp.isfinite, "isinf": jnp.isinf, "isnan": jnp.isnan, "log": jnp.log, "log1p": jnp.log1p,
     "log2": jnp.log2, "log10": jnp.log10, "logical_not": jnp.logical_not, "negative": jnp.negative,
-    "positive": jnp.positive, "real": jnp.real, "reciprocal": jnp.reciprocal, "round": jnp.round, "sign": jnp.sign,
+    "positive": jnp.positive, "real": jnp.real, "reciprocal": jnp.reciprocal, "round": jnp.round, "sign": _sign,
     "signbit": jnp.signbit, "sin": jnp.sin, "sinh": jnp.sinh, "sqrt": jnp.sqrt, "square": jnp.square, "tan": jnp.tan,
     "tanh": jnp.tanh, "trunc": jnp.trunc,
     "add": jnp.add, "subtract": jnp.subtract, "multiply": jnp.multiply, "divide": jnp.divide, "pow": jnp.power,
     "equal": jnp.equal, "not_equal": jnp.not_equal, "greater": jnp.greater, "greater_equal": jnp.greater_equal,
-    "less": jnp.less, "less_equal": jnp.less_equal, "floor_divide": _floor_divide, "remainder": jnp.remainder,
+    "less": jnp.less, "less_equal": jnp.less_equal, "floor_divide": _floor_divide, "remainder": _remainder,
     "maximum": jnp.maximum, "minimum": jnp.minimum, "atan2": jnp.arctan2, "copysign": jnp.copysign, "hypot": jnp.hypot,
     "nextafter": jnp.nextafter, "logaddexp": jnp.logaddexp, "bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
     "bitwise_xor": jnp.bitwise_xor, "bitwise_left_shift": jnp.left_shift, "bitwise_right_shift": jnp.right_shift,
@@ -163,8 +194,11 @@ _BINARY_AND_UNARY = {
     "where": jnp.where, "tril": lambda x, k: jnp.tril(x, k), "triu": lambda x, k: jnp.triu(x, k),
 }
 
+_COMPLEX_EDGES = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "exp", "expm1", "log", "log1p", "log2",
+                  "log10", "sin", "sinh", "sqrt", "tan", "tanh")
 KERNELS = {
     **_BINARY_AND_UNARY,
+    **{name: _complex_edges(name, _BINARY_AND_UNARY[name]) for name in _COMPLEX_EDGES},
     # reductions, scans, searching, sorting, sets
     "sum": _sum_like(jnp.sum), "prod": _sum_like(jnp.prod),
     "max": lambda x, axis, keepdims: jnp.max(x, axis=axis, keepdims=keepdims),
@@ -364,7 +398,10 @@ class JaxBackend(Backend):
 
     @in_x64
     def coerce(self, value):
-        return jax.device_put(value, self.device)
+        return value if isinstance(value, jax.Array) else jax.device_put(value, self.device)  # a tracer stays
+
+    def compiled(self, plan):
+        return CompiledPlan(plan)
 
     def dtype_of(self, native) -> dt.DType:
         return EMBER[native.dtype]
@@ -384,6 +421,36 @@ class JaxBackend(Backend):
     def from_dlpack(self, obj, copy=None):
         array = jax.device_put(jnp.from_dlpack(obj), self.device)
         return jnp.array(array, copy=True) if copy else array
+
+
+_UNTRACEABLE = (jax.errors.JAXTypeError, jax.errors.JAXIndexError)  # a kernel needed concrete values
+
+
+class CompiledPlan:
+    """A graph's plan compiled by ``jax.jit`` as one XLA program (traced again for new input shapes or
+    dtypes, which ember's jit keys apart anyway). A graph that cannot be traced — data-dependent
+    shapes (nonzero, unique, a boolean mask), bounds checks that read data — runs its plan eagerly,
+    op by op, as on any backend; so does every later call of it."""
+
+    def __init__(self, plan):
+        self.plan, self.steps = plan, plan.steps
+        outputs = plan.outputs
+        self.jitted = jax.jit(lambda inputs: [plan.trace(inputs)[i] for i in outputs])
+        self.eager = False
+
+    def run(self, inputs) -> list:
+        if not self.eager:
+            try:
+                with jax.enable_x64(True):
+                    results = self.jitted(list(inputs))
+            except Exception as error:  # the plan names the op; JAX's error, beneath, says whether it traced
+                if not isinstance(error.__cause__ or error, _UNTRACEABLE):
+                    raise
+                self.eager = True
+            else:
+                self.plan.engine.ops_executed += len(self.steps)
+                return results
+        return self.plan.run(inputs)
 
 
 def _gpus() -> list:
