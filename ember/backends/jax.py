@@ -51,16 +51,18 @@ def _check_bounds(indices, size: int, what: str) -> None:
 
 
 def _key(x, key, indices):
+    """The native key, its integer index arrays checked against the axes they index."""
     native = decode_key(key, indices)
+
+    def width(item):  # the axes of x an item consumes
+        if item is None or item is Ellipsis:
+            return 0
+        return item.ndim if getattr(item, "dtype", None) == jnp.bool_ else 1
     dim = 0
     for item in native:
         if hasattr(item, "dtype") and item.dtype != jnp.bool_:
             _check_bounds(item, x.shape[dim], "index")
-        if item is not None and item is not Ellipsis:
-            dim += item.ndim if hasattr(item, "dtype") and item.dtype == jnp.bool_ else 1
-        elif item is Ellipsis:
-            dim = x.ndim - sum(i.ndim if hasattr(i, "dtype") and i.dtype == jnp.bool_ else 1
-                               for i in native[native.index(Ellipsis) + 1:] if i is not None)
+        dim += x.ndim - sum(map(width, native)) if item is Ellipsis else width(item)
     return native
 
 
