@@ -50,7 +50,7 @@ REMOTE_SCHEMES = ["ember", "ws"]
 
 
 # JAX compiles each op anew for each shape and dtype it meets (~40 ms each): a jax device draws fewer examples
-JAX_EXAMPLES = int(os.environ.get("EMBER_JAX_EXAMPLES", "3"))
+JAX_EXAMPLES = int(os.environ.get("EMBER_JAX_EXAMPLES", "2"))
 
 
 def given_data_per_device(test):
