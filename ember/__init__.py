@@ -9,7 +9,7 @@ executing, and under autodiff on top of any of them::
     y = em.matmul(x, x.mT) * 2 + 1
     em.asnumpy(y)
 
-``ember`` itself is an Array API (2024.12) namespace with the ``linalg`` and ``fft`` extensions.
+``ember`` itself is an Array API (2025.12) namespace with the ``linalg`` and ``fft`` extensions.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from .autodiff import autodiff, enable_grad, grad, is_grad_enabled, no_grad, val
 from . import optim  # noqa: E402
 
 __version__ = "0.1.0"
-__array_api_version__ = "2024.12"
+__array_api_version__ = "2025.12"
 
 Array._namespace = _sys.modules[__name__]  # what every array's __array_namespace__() returns
 

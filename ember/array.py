@@ -66,9 +66,9 @@ class Array:
         return self._meta.size
 
     def __array_namespace__(self, *, api_version: str | None = None):
-        """The ember module, which implements the Array API standard 2024.12."""
-        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
-            raise ValueError(f"ember implements the Array API standard up to 2024.12, not {api_version!r}")
+        """The ember module, which implements the Array API standard 2025.12 (and the revisions before it)."""
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12", "2025.12"):
+            raise ValueError(f"ember implements the Array API standard up to 2025.12, not {api_version!r}")
         return Array._namespace
 
     # --- reads: the points that wait for the device --------------------------------------------
@@ -121,7 +121,15 @@ class Array:
             kwargs["dl_device"] = dl_device
         if copy is not None:
             kwargs["copy"] = copy
-        return native.__dlpack__(**kwargs)
+        try:
+            return native.__dlpack__(**kwargs)
+        except BufferError:
+            # a DLPack version the library does not export (JAX's start at 0.5): through NumPy, a zero-copy view where the
+            # version can mark it read-only (1.0 on), else a copy, which the standard allows unless copy=False
+            legacy = max_version is None or tuple(max_version) < (1, 0)
+            if legacy and copy is False:
+                raise
+            return (np.array(native) if legacy else np.asarray(native)).__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
         return self._device.engine.native(self._handle).__dlpack_device__()

@@ -169,7 +169,8 @@ def parser() -> argparse.ArgumentParser:
                                             "(ember://HOST:PORT/N over TCP, ws://HOST:PORT/N over WebSocket, one port; "
                                             "embers:// and wss:// with --tls-cert and --tls-key). A non-loopback address "
                                             "needs TLS and a token unless --insecure. Blocks until Ctrl-C.")
-    serve.add_argument("--device", default="numpy", help="the backend to host: numpy, torch:cpu, torch:cuda (default numpy)")
+    serve.add_argument("--device", default="numpy",
+                       help="the backend to host: numpy, torch:cpu, torch:cuda, jax:cpu, jax:gpu (default numpy)")
     serve.add_argument("--listen", default="127.0.0.1:7878", help="HOST:PORT to listen on (port 0 picks a free one)")
     access = serve.add_mutually_exclusive_group()
     access.add_argument("--token-file", metavar="FILE", help="a file holding the token clients must present")
@@ -199,7 +200,7 @@ def parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     devices = commands.add_parser("devices", help="list the local devices, or a compute peer's",
-                                  description="List device strings: numpy, torch:cpu, torch:cuda:N …")
+                                  description="List device strings: numpy, torch:cpu, torch:cuda:N, jax:cpu …")
     devices.add_argument("peer", nargs="?", help="a peer address such as ember://host:7878, or ray://auto for the peers "
                                                  "ember.ray.launch runs on a Ray cluster (RAY_ADDRESS, else this "
                                                  "machine's; ray://HEAD:10001 through Ray Client) (optional)")

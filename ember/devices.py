@@ -2,6 +2,7 @@
 
     numpy                         the embedded default (EMBER_DEVICE overrides the default)
     torch:cpu, torch:cuda[:N]     PyTorch; ``torch`` means torch:cpu, ``torch:cuda`` torch:cuda:0
+    jax:cpu, jax:gpu[:N]          JAX; ``jax`` means jax:cpu, ``jax:gpu`` jax:gpu:0
     ember://[token@]host:port/N   device N of a compute peer, over TCP
     ws://[token@]host:port/N      the same peer protocol over WebSocket
     embers://…, wss://…           the same over TLS (a peer started with --tls-cert and --tls-key)
@@ -85,7 +86,7 @@ class Device:
 
 
 class LocalDevice(Device):
-    """A hardware device of a local backend (numpy, torch:cpu, torch:cuda:N)."""
+    """A hardware device of a local backend (numpy, torch:cpu, torch:cuda:N, jax:cpu, jax:gpu:N)."""
 
     __slots__ = ("backend_name", "name")
     kind = "local"
@@ -250,9 +251,16 @@ def _parse(spec: str, tls_ca: str | None = None) -> Device:
             if index.isdigit():
                 return LocalDevice("torch", f"torch:cuda:{int(index)}")
         raise DeviceError(f"bad torch device {spec!r}: expected torch:cpu, torch:cuda or torch:cuda:N")
+    if text == "jax" or text.startswith("jax:"):
+        parts = text.split(":")[1:] or ["cpu"]
+        if parts == ["cpu"]:
+            return LocalDevice("jax", "jax:cpu")
+        if parts[0] == "gpu" and len(parts) <= 2 and (len(parts) == 1 or parts[1].isdigit()):
+            return LocalDevice("jax", f"jax:gpu:{int(parts[1]) if len(parts) == 2 else 0}")
+        raise DeviceError(f"bad jax device {spec!r}: expected jax:cpu, jax:gpu or jax:gpu:N")
     if "://" in text:
         return _parse_remote(spec, text, tls_ca)
-    raise DeviceError(f"unknown device {spec!r}: expected numpy, torch:cpu, torch:cuda:N, capture, "
+    raise DeviceError(f"unknown device {spec!r}: expected numpy, torch:cpu, torch:cuda:N, jax:cpu, jax:gpu:N, capture, "
                       f"ember://host:port/N or ws://host:port/N (embers:// or wss:// over TLS)")
 
 

@@ -6,8 +6,12 @@ os.environ.setdefault("EMBER_TIMEOUT", "60")
 # for one-machine clusters, read when ray is imported); off by default on Linux
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+import functools  # noqa: E402
+import inspect  # noqa: E402
+
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 settings.register_profile("ember", max_examples=int(os.environ.get("EMBER_EXAMPLES", "25")), deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -23,7 +27,15 @@ def torch_available() -> bool:
     return True
 
 
-LOCAL_DEVICES = ["numpy"] + (["torch:cpu"] if torch_available() else [])
+def jax_available() -> bool:
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+LOCAL_DEVICES = ["numpy"] + (["torch:cpu"] if torch_available() else []) + (["jax:cpu"] if jax_available() else [])
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +47,24 @@ def peer():
 
 
 REMOTE_SCHEMES = ["ember", "ws"]
+
+
+# JAX compiles each op anew for each shape and dtype it meets (~40 ms each): a jax device draws fewer examples
+JAX_EXAMPLES = int(os.environ.get("EMBER_JAX_EXAMPLES", "2"))
+
+
+def given_data_per_device(test):
+    """``@given(data=st.data())`` for a test parametrized by ``device_name``, drawing JAX_EXAMPLES
+    examples on a jax device and the profile's count elsewhere."""
+    @functools.wraps(test)
+    def run(*args, device_name, **kwargs):
+        def example(data):
+            test(*args, device_name=device_name, data=data, **kwargs)
+        example.__qualname__ = f"{test.__qualname__}[{device_name}]"  # its own entry in hypothesis's database
+        check = given(data=st.data())(example)
+        if device_name.startswith("jax"):
+            check = settings(max_examples=JAX_EXAMPLES)(check)
+        check()
+    signature = inspect.signature(test)
+    run.__signature__ = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "data"])
+    return run

@@ -155,3 +155,24 @@ def test_default_device_follows_the_environment(monkeypatch):
         monkeypatch.setenv("EMBER_DEVICE", "torch:cpu")
         assert em.ones(1).device == em.device("torch:cpu")
         assert em.__array_namespace_info__().default_device() == em.device("torch:cpu")
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+def test_the_2025_12_additions(device_name):
+    """What the standard's 2025.12 revision added beyond new rows: scalar operands of isin and searchsorted,
+    broadcast_shapes, tuples from broadcast_arrays, meshgrid and devices(), and the version itself."""
+    x = em.asarray([1, 3, 5, 7], device=device_name)
+    assert em.asnumpy(em.isin(x, 5)).tolist() == [False, False, True, False]
+    assert bool(em.isin(3, x)) and not bool(em.isin(4, x)) and em.isin(4, x).shape == ()
+    assert em.asnumpy(em.isin(x, 5, invert=True)).tolist() == [True, True, False, True]
+    assert int(em.searchsorted(x, 4)) == 2 and int(em.searchsorted(x, 5, side="right")) == 3
+    assert em.searchsorted(x, 4.5).dtype == em.int64
+    assert em.broadcast_shapes((2, 1), (3,), ()) == (2, 3) and em.broadcast_shapes() == ()
+    with pytest.raises(em.ShapeError, match=r"broadcast_shapes: shapes \(2,\) and \(3,\)"):
+        em.broadcast_shapes((2,), (3,))
+    assert type(em.broadcast_arrays(x, em.asarray(1, device=device_name))) is tuple
+    assert type(em.meshgrid(x, x)) is tuple and type(em.__array_namespace_info__().devices()) is tuple
+    assert em.expand_dims(x, axis=(0, -1)).shape == (1, 4, 1)
+    assert em.permute_dims(em.ones((2, 3), device=device_name), (-1, 0)).shape == (3, 2)
+    assert x.__array_namespace__() is em and x.__array_namespace__(api_version="2025.12") is em
+    assert em.__array_api_version__ == "2025.12"

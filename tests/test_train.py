@@ -40,6 +40,15 @@ def test_short_runs_agree_on_every_device():
         np.testing.assert_allclose(losses, reference, rtol=1e-9, atol=1e-9, err_msg=name)
 
 
+def test_the_jitted_step_on_jax_matches_numpy():
+    """The training step (forward, backward, Adam) compiled by jax.jit: the numpy device's loss curve within 1e-6."""
+    pytest.importorskip("jax")
+    reference = train("numpy", steps=30, use_jit=True)["losses"]
+    run = train("jax:cpu", steps=30, use_jit=True)
+    np.testing.assert_allclose(run["losses"], reference, rtol=0, atol=1e-6)
+    assert run["params"][0].device == em.device("jax:cpu")
+
+
 def test_losses_match_a_pytorch_run():
     """The same MLP, data, initial weights and Adam written in plain PyTorch: an independent reference for the losses."""
     torch = pytest.importorskip("torch")

@@ -40,6 +40,11 @@ class Backend:
         for ``value`` itself: converted once when a plan is compiled, not at every call."""
         return value
 
+    def compiled(self, plan) -> Any:
+        """A compiled form of ``plan`` (the local engine's Plan of a graph: ``run(inputs)`` and
+        ``steps``), for a backend with a compiler of its own (JAX's XLA); None runs the plan as is."""
+        return None
+
     def dtype_of(self, native) -> dt.DType:
         raise NotImplementedError
 

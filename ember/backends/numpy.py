@@ -73,6 +73,11 @@ def _argsort(x, axis, descending, stable):
     return compat.argsort(x, axis=axis, descending=descending, stable=stable)
 
 
+def _complex(a):
+    """``a`` in the complex dtype of its precision: NumPy's eig gives real results when every eigenvalue is real."""
+    return a.astype(np.result_type(a.dtype, np.complex64), copy=False)
+
+
 def _unique(function):
     return lambda x: tuple(function(x))
 
@@ -124,6 +129,7 @@ KERNELS = {
     "diff": lambda x, axis, n: np.diff(x, n=n, axis=axis),
     "sort": _sort, "argsort": _argsort,
     "searchsorted": lambda x1, x2, side: np.searchsorted(x1, x2, side=side),
+    "isin": lambda x1, x2, invert: np.isin(x1, x2, invert=invert),
     "nonzero": np.nonzero,
     "unique_values": compat.unique_values, "unique_counts": _unique(compat.unique_counts),
     "unique_inverse": _unique(compat.unique_inverse), "unique_all": _unique(compat.unique_all),
@@ -159,6 +165,7 @@ KERNELS = {
     "vecdot": lambda x1, x2, axis: np.vecdot(x1, x2, axis=axis),
     "cholesky": lambda x, upper: np.linalg.cholesky(x, upper=upper), "inv": np.linalg.inv, "det": np.linalg.det,
     "slogdet": lambda x: tuple(np.linalg.slogdet(x)), "eigh": lambda x: tuple(np.linalg.eigh(x)),
+    "eig": lambda x: tuple(_complex(a) for a in np.linalg.eig(x)), "eigvals": lambda x: _complex(np.linalg.eigvals(x)),
     "eigvalsh": np.linalg.eigvalsh, "matrix_power": lambda x, n: np.linalg.matrix_power(x, n),
     "qr": lambda x, mode: tuple(np.linalg.qr(x, mode=mode)),
     "svd": lambda x, full_matrices: tuple(np.linalg.svd(x, full_matrices=full_matrices)),

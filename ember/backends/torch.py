@@ -29,12 +29,12 @@ EMBER = {v: k for k, v in NATIVE.items()}
 def _scalars_as_tensors(function):
     """Binary kernels: a Python scalar operand becomes a 0-d tensor of the other's dtype
     (several torch functions accept tensors only)."""
-    def kernel(x1, x2):
+    def kernel(x1, x2, **attrs):
         if not isinstance(x1, torch.Tensor):
             x1 = torch.tensor(x1, dtype=x2.dtype, device=x2.device)
         elif not isinstance(x2, torch.Tensor):
             x2 = torch.tensor(x2, dtype=x1.dtype, device=x1.device)
-        return function(x1, x2)
+        return function(x1, x2, **attrs)
     return kernel
 
 
@@ -92,6 +92,19 @@ def _setitem(x, value, *indices, key):
 
 def _positive_indices(indices, size):
     return torch.where(indices < 0, indices + size, indices)
+
+
+def _expand_dims(x, axis):
+    for a in (axis,) if isinstance(axis, int) else axis:  # sorted positions in the result: each insert keeps the others'
+        x = torch.unsqueeze(x, a)
+    return x
+
+
+@_scalars_as_tensors
+def _isin(x1, x2, invert):
+    if x1.dtype == torch.bool:  # torch.isin has no bool kernel
+        x1, x2 = x1.to(torch.uint8), x2.to(torch.uint8)
+    return torch.isin(x1, x2, invert=invert)
 
 
 def _take(x, indices, axis):
@@ -313,6 +326,7 @@ KERNELS = {
     "sort": lambda x, axis, descending, stable: compat.sort(x, axis=axis, descending=descending, stable=stable),
     "argsort": lambda x, axis, descending, stable: compat.argsort(x, axis=axis, descending=descending, stable=stable),
     "searchsorted": lambda x1, x2, side: torch.searchsorted(x1, x2, side=side),
+    "isin": _isin,
     "nonzero": lambda x: torch.nonzero(x, as_tuple=True),
     "unique_values": _unique_values, "unique_counts": _unique_counts, "unique_inverse": _unique_inverse,
     "unique_all": _unique_all,
@@ -321,7 +335,7 @@ KERNELS = {
     "broadcast_to": lambda x, shape: torch.broadcast_to(x, shape),
     "concat": lambda *arrays, axis: torch.cat([a.reshape(-1) for a in arrays] if axis is None else arrays, dim=axis or 0),
     "stack": lambda *arrays, axis: torch.stack(arrays, dim=axis),
-    "expand_dims": lambda x, axis: torch.unsqueeze(x, axis),
+    "expand_dims": _expand_dims,
     "flip": lambda x, axis: torch.flip(x, tuple(range(x.ndim)) if axis is None else axis),
     "moveaxis": lambda x, source, destination: torch.movedim(x, source, destination),
     "permute_dims": lambda x, axes: torch.permute(x, axes),
@@ -341,6 +355,7 @@ KERNELS = {
     "cholesky": lambda x, upper: torch.linalg.cholesky(x, upper=upper), "inv": torch.linalg.inv,
     "det": torch.linalg.det, "slogdet": lambda x: tuple(torch.linalg.slogdet(x)),
     "eigh": lambda x: tuple(torch.linalg.eigh(x)), "eigvalsh": torch.linalg.eigvalsh,
+    "eig": lambda x: tuple(torch.linalg.eig(x)), "eigvals": torch.linalg.eigvals,
     "matrix_power": lambda x, n: torch.linalg.matrix_power(x, n),
     "qr": lambda x, mode: tuple(torch.linalg.qr(x, mode=mode)),
     "svd": lambda x, full_matrices: tuple(torch.linalg.svd(x, full_matrices=full_matrices)),

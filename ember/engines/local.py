@@ -81,7 +81,10 @@ class LocalEngine(Engine):
         result's shape and dtype that this step reads last — when that input is the plan's own
         buffer, made by such a kernel and read by no other kind, so no view of it lives on — and
         the literals of such rows are converted once (:meth:`Backend.literal`). A chain then
-        runs in one buffer, with no fresh memory per op, under the kernel's casting rules."""
+        runs in one buffer, with no fresh memory per op, under the kernel's casting rules.
+
+        A backend with a compiler of its own compiles the plan (:meth:`Backend.compiled`): JAX hands
+        it to ``jax.jit``, per input shapes and dtypes, so a graph runs as one XLA program."""
         slots: dict = {}
 
         def slot(key) -> int:
@@ -134,7 +137,8 @@ class LocalEngine(Engine):
                     kernel = functools.partial(kernel, **attrs)
             ending += [o for o in outs if o not in last and o not in kept]
             steps.append((kernel, fetch, store, tuple(slots[n] for n in ending), (op, _getter(args))))
-        return Plan(self, steps, len(slots), preset, inputs, [slots[o] for o in output_ids])
+        plan = Plan(self, steps, len(slots), preset, inputs, [slots[o] for o in output_ids])
+        return backend.compiled(plan) or plan
 
     def run_graph(self, graph, inputs: list) -> list:
         plan = self._plans.get(graph)
@@ -191,6 +195,13 @@ class Plan:
         self.preset, self.inputs, self.outputs = preset, inputs, outputs
 
     def run(self, inputs) -> list:
+        values = self.trace(inputs)
+        self.engine.ops_executed += len(self.steps)
+        return [values[i] for i in self.outputs]
+
+    def trace(self, inputs) -> list:
+        """Every value slot after running the steps on ``inputs`` (a compiler traces this with its own
+        arrays: JAX's jit)."""
         values = [None] * self.n_slots
         for index, value in self.preset:
             values[index] = value
@@ -214,5 +225,4 @@ class Plan:
         except Exception as error:
             op, inputs_of = failing
             raise _translate(error, op.name, inputs_of(values)) from error
-        self.engine.ops_executed += len(self.steps)
-        return [values[i] for i in self.outputs]
+        return values

@@ -177,7 +177,7 @@ def from_dlpack(x, /, *, device=None, copy=None) -> Array:
     return asarray(np.from_dlpack(x), device=target, copy=copy)
 
 
-def meshgrid(*arrays, indexing="xy") -> list:
+def meshgrid(*arrays, indexing="xy") -> tuple:
     """Coordinate matrices from 1-d coordinate vectors ("xy" or "ij" indexing)."""
     from .manipulation import broadcast_to, reshape
     if indexing not in ("xy", "ij"):
@@ -198,4 +198,4 @@ def meshgrid(*arrays, indexing="xy") -> list:
         shape = [1] * n
         shape[axis] = a.shape[0]
         out.append(broadcast_to(reshape(a, tuple(shape)), tuple(sizes)))
-    return out
+    return tuple(out)

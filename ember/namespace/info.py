@@ -25,13 +25,13 @@ class Info:
         return {"real floating": dt.default_float, "complex floating": dt.default_complex,
                 "integral": dt.default_int, "indexing": dt.default_index}
 
-    def devices(self) -> list[Device]:
+    def devices(self) -> tuple[Device, ...]:
         """The local devices available here, and the default device (a peer named by
         ``EMBER_DEVICE``, say); other remote and capture devices are made by string."""
         from ..backends import available_devices
-        found = [as_device(name) for name in available_devices()]
+        found = tuple(as_device(name) for name in available_devices())
         default = default_device()
-        return found if default in found else found + [default]
+        return found if default in found else (*found, default)
 
     def dtypes(self, *, device=None, kind=None) -> dict:
         """The dtypes a device supports, by name, optionally only those of ``kind``."""

@@ -14,6 +14,7 @@ cholesky = from_row("cholesky")
 cross = from_row("cross")
 det = from_row("det")
 diagonal = from_row("diagonal")
+eigvals = from_row("eigvals")
 eigvalsh = from_row("eigvalsh")
 inv = from_row("inv")
 matrix_norm = from_row("matrix_norm")
@@ -24,9 +25,14 @@ trace = accumulating(from_row("trace"))
 vector_norm = from_row("vector_norm")
 _pinv = from_row("pinv")
 
-__all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "matmul", "matrix_norm", "matrix_power",
-           "matrix_rank", "matrix_transpose", "outer", "pinv", "qr", "slogdet", "solve", "svd", "svdvals", "tensordot",
-           "trace", "vecdot", "vector_norm"]
+__all__ = ["cholesky", "cross", "det", "diagonal", "eig", "eigh", "eigvals", "eigvalsh", "inv", "matmul", "matrix_norm",
+           "matrix_power", "matrix_rank", "matrix_transpose", "outer", "pinv", "qr", "slogdet", "solve", "svd", "svdvals",
+           "tensordot", "trace", "vecdot", "vector_norm"]
+
+
+class EigResult(NamedTuple):
+    eigenvalues: Array
+    eigenvectors: Array
 
 
 class EighResult(NamedTuple):
@@ -50,6 +56,7 @@ class SVDResult(NamedTuple):
     Vh: Array
 
 
+eig = named_result("eig", EigResult)
 eigh = named_result("eigh", EighResult)
 qr = named_result("qr", QRResult)
 slogdet = named_result("slogdet", SlogdetResult)

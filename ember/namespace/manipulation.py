@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ..array import Array
-from ..errors import ShapeError
-from ..ops.table import broadcast_shapes
+from ..errors import EmberError, ShapeError, with_prefix
+from ..ops.table import as_shape
+from ..ops.table import broadcast_shapes as _broadcast_shapes
 from ._generate import from_row, require_array
 
 broadcast_to = from_row("broadcast_to")
@@ -21,19 +22,29 @@ tile = from_row("tile")
 unstack = from_row("unstack")
 _repeat = from_row("repeat")
 
-__all__ = ["broadcast_arrays", "broadcast_to", "concat", "expand_dims", "flip", "moveaxis", "permute_dims",
+__all__ = ["broadcast_arrays", "broadcast_shapes", "broadcast_to", "concat", "expand_dims", "flip", "moveaxis", "permute_dims",
            "repeat", "reshape", "roll", "squeeze", "stack", "tile", "unstack"]
 
 
-def broadcast_arrays(*arrays) -> list[Array]:
+def broadcast_shapes(*shapes) -> tuple:
+    """The shape that arrays of ``shapes`` broadcast to (``()`` for none); ShapeError, a ValueError,
+    names the shapes when they do not broadcast."""
+    try:
+        shapes = [as_shape(s) for s in shapes]
+        return _broadcast_shapes(*shapes) if shapes else ()
+    except EmberError as error:
+        raise with_prefix(error, "broadcast_shapes") from None
+
+
+def broadcast_arrays(*arrays) -> tuple[Array, ...]:
     """The arrays broadcast against one another."""
     for a in arrays:
         require_array(a, "broadcast_arrays", "each input")
     try:
-        shape = broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
+        shape = _broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
     except ShapeError as error:
         raise ShapeError(f"broadcast_arrays: {error}") from None
-    return [a if a.shape == shape else broadcast_to(a, shape) for a in arrays]
+    return tuple(a if a.shape == shape else broadcast_to(a, shape) for a in arrays)
 
 
 def repeat(x, repeats, /, *, axis=None) -> Array:

@@ -19,11 +19,16 @@ __all__ = ["argmax", "argmin", "count_nonzero", "nonzero", "searchsorted", "wher
 
 
 def searchsorted(x1, x2, /, *, side="left", sorter=None) -> Array:
-    """Indices where x2's elements would be inserted into the 1-d x1 (sorted, or sorted by ``sorter``)."""
+    """Indices where x2's elements (an array, or a Python scalar) would be inserted into the 1-d x1
+    (sorted, or sorted by ``sorter``)."""
     if sorter is not None:
         from .indexing import take
         x1 = take(require_array(x1, "searchsorted", "x1"), sorter)
-    return _searchsorted(x1, x2, side=side)
+    if isinstance(x2, Array):
+        return _searchsorted(x1, x2, side=side)
+    require_array(x1, "searchsorted", "x1")
+    x1, x2, literal = operands("searchsorted", x1, x2)
+    return bind(OPS["searchsorted"], (x1, x2), {"side": side}, literal_dtype=literal)
 
 
 def where(condition, x1, x2, /) -> Array:

@@ -151,9 +151,10 @@ def _square(x):
         raise ShapeError(f"input must be a stack of square matrices, got shape {fmt_shape(x.shape)}")
 
 
-def _matrix_op(name, meta, *, attrs=None, multiple=False, determined=None, unit_free=(), symmetric_input=False, grad, doc):
+def _matrix_op(name, meta, *, attrs=None, multiple=False, determined=None, unit_free=(), unordered=(), symmetric_input=False,
+               grad, doc):
     define(Op(name, ("x",), attrs or {}, meta, family="linalg", multiple=multiple, lift=True, determined=determined,
-              unit_free=unit_free, symmetric_input=symmetric_input, grad=grad, doc=doc))
+              unit_free=unit_free, unordered=unordered, symmetric_input=symmetric_input, grad=grad, doc=doc))
 
 
 def _same_square(x, **_):
@@ -240,6 +241,48 @@ def _eigvalsh_grad(xp, g, out, x):
 
 _matrix_op("eigvalsh", lambda x: (_square(x), Meta(x.shape[:-1], dt.real_of(x.dtype)))[1], symmetric_input=True,
            grad=_eigvalsh_grad, doc="Eigenvalues of a Hermitian matrix.")
+
+
+def _eig_meta(x):
+    _square(x)
+    complex_ = dt.complex_of(x.dtype)
+    return Meta(x.shape[:-1], complex_), Meta(x.shape, complex_)
+
+
+def _from_eigenbasis(xp, inner, v, x):
+    """``V⁻ᴴ · inner · Vᴴ``: a cotangent in the eigenbasis taken back to x (its real part for a real x)."""
+    vh = _mH(xp, v)
+    ga = xp.linalg.solve(vh, inner @ vh)
+    return (ga if x.dtype.kind == dt.COMPLEX else xp.real(ga),)
+
+
+def _eig_grad(xp, g, out, x):
+    """PyTorch's rule for x = V·diag(w)·V⁻¹ with unit-norm columns: gA = V⁻ᴴ (diag(gw) + (Vᴴ gV −
+    Vᴴ V·diag(Re diag(Vᴴ gV))) / conj(w_j − w_i)) Vᴴ, the phase of each eigenvector left free."""
+    w, v = out
+    gw, gv = g
+    on_diagonal = xp.eye(x.shape[-1], dtype=xp.bool, device=x.device)
+    inner = xp.zeros(x.shape, dtype=v.dtype, device=x.device)
+    if gv is not None:
+        projected = _mH(xp, v) @ gv
+        gap = xp.conj(w[..., None, :] - w[..., :, None])
+        inner = projected - _mH(xp, v) @ (v * xp.real(xp.linalg.diagonal(projected))[..., None, :])
+        inner = inner / xp.where(on_diagonal, 1.0, gap)
+    if gw is not None:
+        inner = xp.where(on_diagonal, gw[..., :, None], inner)
+    return _from_eigenbasis(xp, inner, v, x)
+
+
+def _eigvals_grad(xp, g, out, x):
+    _, v = xp.linalg.eig(x)
+    on_diagonal = xp.eye(x.shape[-1], dtype=xp.bool, device=x.device)
+    return _from_eigenbasis(xp, xp.where(on_diagonal, g[..., :, None], 0.0), v, x)
+
+
+_matrix_op("eig", _eig_meta, multiple=True, determined=(0,), unit_free=(1,), unordered=(0,), grad=_eig_grad,
+           doc="Eigenvalues and unit-norm eigenvectors (columns) of a general matrix, complex.")
+_matrix_op("eigvals", lambda x: _eig_meta(x)[0], unordered=(0,), grad=_eigvals_grad,
+           doc="Eigenvalues of a general matrix, complex.")
 
 
 def _matrix_power_meta(x, n):

@@ -108,6 +108,12 @@ define(Op("stack", ("*arrays",), {"axis": 0}, _stack_meta, promote_inputs=True, 
           doc="Join arrays of one shape along a new axis."))
 
 
+def _expand_dims_canon(x, axis):
+    """An int or a tuple of the new axes' positions in the result, as a sorted tuple of non-negative ones."""
+    count = 1 if isinstance(axis, int) else len(tuple(axis))
+    return {"axis": normalize_axes(axis, x.ndim + count)}
+
+
 def _expand_dims_meta(x, axis):
     axes = normalize_axes(axis, x.ndim + (1 if isinstance(axis, int) else len(axis)))
     shape = list(x.shape)
@@ -116,8 +122,9 @@ def _expand_dims_meta(x, axis):
     return Meta(tuple(shape), x.dtype)
 
 
-define(Op("expand_dims", ("x",), {"axis": REQUIRED}, _expand_dims_meta, family="manipulation", positional=("axis",),
-          grad=lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),), doc="Insert a size-1 axis at position axis."))
+define(Op("expand_dims", ("x",), {"axis": REQUIRED}, _expand_dims_meta, _expand_dims_canon, family="manipulation",
+          positional=("axis",), grad=lambda xp, g, out, x, axis: (xp.reshape(g, x.shape),),
+          doc="Insert size-1 axes at position axis (an int or a tuple of positions in the result)."))
 
 
 define(Op("flip", ("x",), {"axis": None}, lambda x, axis: Meta(x.shape, x.dtype),
@@ -147,6 +154,14 @@ define(Op("moveaxis", ("x",), {"source": REQUIRED, "destination": REQUIRED}, _mo
           doc="Move axes from source positions to destination positions."))
 
 
+def _permute_canon(x, axes):
+    """The axes as non-negative ints (negative ones count from the end, 2025.12)."""
+    axes = tuple(as_int(a, "axes") for a in axes)
+    if len(axes) != x.ndim or any(not -x.ndim <= a < x.ndim for a in axes):
+        raise AxisError(f"axes {axes!r} are not a permutation of the {x.ndim} axes of shape {fmt_shape(x.shape)}")
+    return {"axes": tuple(a % x.ndim for a in axes)}
+
+
 def _permute_meta(x, axes):
     axes = tuple(axes)
     if sorted(normalize_axis(a, x.ndim) for a in axes) != list(range(x.ndim)):
@@ -161,10 +176,9 @@ def _inverse(axes):
     return tuple(inverse)
 
 
-define(Op("permute_dims", ("x",), {"axes": REQUIRED}, _permute_meta,
-          lambda x, axes: {"axes": tuple(normalize_axis(a, x.ndim) for a in axes) if len(axes) == x.ndim else tuple(axes)},
-          family="manipulation", positional=("axes",), grad=lambda xp, g, out, x, axes: (xp.permute_dims(g, _inverse(axes)),),
-          doc="Permute the axes of x."))
+define(Op("permute_dims", ("x",), {"axes": REQUIRED}, _permute_meta, _permute_canon, family="manipulation",
+          positional=("axes",), grad=lambda xp, g, out, x, axes: (xp.permute_dims(g, _inverse(axes)),),
+          doc="Permute the axes of x (negative axes count from the end)."))
 
 
 def _repeat_meta(x, repeats, axis):

@@ -250,3 +250,14 @@ for _name, _parts in (("unique_values", ("values",)), ("unique_counts", ("values
                       ("unique_all", ("values", "indices", "inverse_indices", "counts"))):
     define(Op(_name, ("x",), {}, _unique_meta(_parts), family="set", multiple=len(_parts) > 1, data_dependent=True,
               grad=NO_GRADIENT, doc=f"Unique elements of x, flattened, with {', '.join(_parts)}."))
+
+
+def _isin_meta(x1, x2, invert):
+    if not isinstance(invert, bool):
+        raise ArgumentError(f"invert must be a bool, got {invert!r}")
+    require(dt.promote(x1.dtype, x2.dtype), "real")
+    return Meta(x1.shape, dt.bool_)
+
+
+define(Op("isin", ("x1", "x2"), {"invert": False}, _isin_meta, promote_inputs=True, family="set", grad=NO_GRADIENT,
+          doc="Whether each element of x1 is among x2's elements (is not, with invert=True)."))

@@ -96,6 +96,7 @@ class Op:
     promote_inputs: bool = False  # the namespace casts all array inputs to their common dtype
     determined: tuple | None = None  # outputs fixed by the inputs (None: all); not e.g. eigenvector signs
     unit_free: tuple = ()  # outputs fixed only up to a unit factor per vector (eigenvectors): their moduli are fixed
+    unordered: tuple = ()  # determined outputs whose order along the last axis is not (a general matrix's eigenvalues)
     flops: Callable | None = None  # (input metas, output metas, attrs) -> a rough count, for graph summaries
     # (input metas, output metas, attrs) -> bytes the kernels may hold beyond inputs and outputs (a padded copy,
     # unfolded windows, attention scores); a compute peer counts them against its memory budget before running

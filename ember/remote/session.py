@@ -53,7 +53,7 @@ def hosted_devices(device) -> list[LocalDevice]:
     """The devices a peer serving ``device`` hosts, by hardware index; HostDeviceError if none.
 
     Autodiff is stripped (gradients are the client's concern); a backend hosts all its devices
-    of that kind: ``torch:cuda:1`` hosts every CUDA device.
+    of that kind: ``torch:cuda:1`` hosts every CUDA device (``jax:gpu:1`` every JAX GPU).
     """
     target = as_device(device).inner()
     refusal = HOSTING_REFUSALS[target.kind]
@@ -70,7 +70,7 @@ def hosted_devices(device) -> list[LocalDevice]:
 def same_kind(name: str, names: list[str]) -> list[str]:
     """The devices among ``names`` that a peer serving device ``name`` hosts: every CUDA device
     for one of them, else ``name`` alone."""
-    family = name.rsplit(":", 1)[0] if name.startswith("torch:cuda") else name
+    family = name.rsplit(":", 1)[0] if name.startswith(("torch:cuda", "jax:gpu")) else name
     return [n for n in names if n == family or n.startswith(family + ":")] or [name]
 
 

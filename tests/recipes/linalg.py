@@ -78,6 +78,14 @@ def _symmetric(g):
     return (a + np.swapaxes(a, -1, -2),), {}
 
 
+def _distinct_eigenvalues(g):
+    """A square matrix whose Gershgorin discs are disjoint (radius under 1.5n, centres 3n apart): n distinct eigenvalues,
+    real for a real matrix, each differentiable; with a complex dtype, complex ones."""
+    n = g.integer(1, 4)
+    a = g.array(g.shape(max_dims=1) + (n, n), g.dtype("floating"), low=-1, high=1)
+    return (a + np.diag(3.0 * n * np.arange(n)).astype(a.dtype),), {}
+
+
 def _solve_examples(g):
     (a,), _ = _well_conditioned(g)
     n = a.shape[-1]
@@ -120,6 +128,8 @@ EXAMPLES = {
     "inv": _well_conditioned,
     "det": _matrices(square=True),
     "slogdet": _well_conditioned,
+    "eig": _distinct_eigenvalues,
+    "eigvals": _distinct_eigenvalues,
     "eigh": _symmetric,
     "eigvalsh": _symmetric,
     "matrix_power": lambda g: ((_well_conditioned(g)[0][0],), {"n": g.integer(-2, 3)}),
@@ -149,7 +159,8 @@ BAD_EXAMPLES = {
     "vecdot": [_bad([(3,), (4,)], {"axis": -1}, ShapeError), _bad([(2, 3), (2, 1)], {"axis": -1}, ShapeError),
                _bad([(), ()], {"axis": -1}, ShapeError), _bad([(2, 3), (2, 3)], {"axis": 0}, AxisError),
                _bad([(2, 3), (2, 3)], {"axis": -3}, AxisError)],
-    **{name: _not_square for name in ("cholesky", "inv", "det", "slogdet", "eigh", "eigvalsh")},
+    **{name: _not_square for name in ("cholesky", "inv", "det", "slogdet", "eig", "eigvals", "eigh",
+                                                 "eigvalsh")},
     "matrix_power": lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
     "solve": lambda g: ((g.array((3, 3), dt.float64), g.array((4,), dt.float64)), {}, ShapeError),
     "cross": [_bad([(2,), (2,)], {"axis": -1}, ShapeError), _bad([(2, 3), (2, 1)], {"axis": -1}, ShapeError),

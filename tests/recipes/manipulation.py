@@ -40,7 +40,10 @@ def _stack_examples(g):
 
 def _expand_dims_examples(g):
     shape = g.shape(max_dims=3)
-    return (g.array(shape, g.dtype("any")),), {"axis": g.integer(-len(shape) - 1, len(shape))}
+    count = g.integer(1, 3)  # an int, or a tuple of positions in the result (2025.12), negative ones among them
+    positions = g.permutation(range(len(shape) + count))[:count]
+    axes = tuple(p - (len(shape) + count) * g.flag() for p in positions)
+    return (g.array(shape, g.dtype("any")),), {"axis": axes if count > 1 or g.flag() else g.integer(-len(shape) - 1, len(shape))}
 
 
 def _axis_recipe(g, category):
@@ -61,7 +64,8 @@ def _moveaxis_examples(g):
 def _permute_examples(g):
     shape = g.shape()
     axes = list(range(len(shape)))
-    return (g.array(shape, g.dtype("any")),), {"axes": tuple(g.permutation(axes))}
+    # negative axes count from the end (2025.12)
+    return (g.array(shape, g.dtype("any")),), {"axes": tuple(a - len(shape) * g.flag() for a in g.permutation(axes))}
 
 
 def _repeat_examples(g):
@@ -128,14 +132,16 @@ BAD_EXAMPLES = {
     "concat": [_bad([(2, 3), (2, 4)], {"axis": 0}, ShapeError), _bad([(2, 3), (2,)], {"axis": 1}, ShapeError),
                _bad([(), ()], {"axis": 0}, ShapeError), _bad([(2, 3), (2, 3)], {"axis": 2}, AxisError)],
     "stack": [_bad([(2,), (3,)], {"axis": 0}, ShapeError), _bad([(2,), (2,)], {"axis": 2}, AxisError)],
-    "expand_dims": _bad([(2,)], {"axis": 3}, AxisError),
+    "expand_dims": [_bad([(2,)], {"axis": 3}, AxisError), _bad([(2,)], {"axis": (0, -3)}, AxisError),
+                    _bad([(2,)], {"axis": (0, 3)}, AxisError)],
     "flip": samples.bad_axis("any"),
     "moveaxis": [_bad([(2, 3)], {"source": 2, "destination": 0}, AxisError),
                  _bad([(2, 3)], {"source": 0, "destination": -3}, AxisError),
                  _bad([(2, 3)], {"source": (0, 1), "destination": 0}, ArgumentError),
                  _bad([(2, 3)], {"source": (0, 0), "destination": (0, 1)}, AxisError),
                  _bad([(2, 3)], {"source": (0, 1), "destination": (1, 1)}, AxisError)],
-    "permute_dims": [_bad([(2, 3)], {"axes": (0, 0)}, AxisError), _bad([(2, 3)], {"axes": (0,)}, AxisError)],
+    "permute_dims": [_bad([(2, 3)], {"axes": (0, 0)}, AxisError), _bad([(2, 3)], {"axes": (0,)}, AxisError),
+                     _bad([(2, 3)], {"axes": (0, -2)}, AxisError), _bad([(2, 3)], {"axes": (-3, 0)}, AxisError)],
     "repeat": [_bad([(2, 3)], {"repeats": -1, "axis": 0}, ArgumentError),
                _bad([(2, 3)], {"repeats": (1, -1), "axis": 0}, ArgumentError),
                _bad([(2, 3)], {"repeats": (1, 2), "axis": 1}, ShapeError)],

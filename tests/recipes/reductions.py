@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.errors import ArgumentError, ShapeError
+from ember import dtypes as dt
+from ember.errors import ArgumentError, DTypeError, ShapeError
 from ember.ops import OPS
 
 from . import samples
@@ -96,6 +97,16 @@ def _searchsorted_examples(g):
 EXAMPLES["searchsorted"] = _searchsorted_examples
 BAD_EXAMPLES["searchsorted"] = [_bad([(2, 2), (3,)], {"side": "left"}, ShapeError),
                                 _bad([(3,), (3,)], {"side": "middle"}, ArgumentError)]
+
+
+def _isin_examples(g):
+    dtype = g.dtype("real")  # small values, so that elements of x1 are found in x2 and others are not
+    return (g.array(g.shape(), dtype, low=0, high=5), g.array(g.shape(), dtype, low=0, high=5)), {"invert": g.flag()}
+
+
+EXAMPLES["isin"] = _isin_examples
+BAD_EXAMPLES["isin"] = [_bad([(2,), (3,)], {"invert": 1}, ArgumentError),
+                        samples.refusal([(2,), (3,)], {"invert": False}, DTypeError, dtypes=(dt.complex128, dt.complex128))]
 EXAMPLES["nonzero"] = lambda g: ((g.array(g.shape(min_dims=1), g.dtype("any")),), {})
 BAD_EXAMPLES["nonzero"] = _bad([()], {}, ShapeError)
 for _name in ("unique_values", "unique_counts", "unique_inverse", "unique_all"):

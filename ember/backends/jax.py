@@ -1,0 +1,484 @@
+"""The JAX backend: jax:cpu and jax:gpu:N through one code path, eager ops through jax.numpy.
+
+ember's default dtypes (float64, int64) hold here as on every device, without touching the
+user's global JAX configuration: every kernel, transfer and compiled call runs inside
+``jax.enable_x64(True)``, a context that is local to the running thread (JAX without it
+silently computes float64 inputs in float32). Arrays stay 64-bit outside the context; only
+operations on them would narrow, and ember runs none outside it.
+
+JAX arrays are immutable: ``setitem`` is the functional ``x.at[key].set(value)``. Index
+arrays out of bounds, which JAX clamps, are refused first like NumPy does (eagerly; a compiled
+graph keeps JAX's clamping, see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import dtypes as dt
+from ..errors import NotSupportedError
+from ..ops.creation import arange_length
+from ..ops.indexing import decode_key
+from .base import Backend
+from .numpy_nn import GOLDEN, MIX1, MIX2
+
+NATIVE, EMBER = dt.NUMPY, dt.FROM_NUMPY  # JAX arrays carry NumPy dtypes
+
+
+def in_x64(function):
+    """``function`` run with 64-bit types enabled for this thread (see the module docstring)."""
+    @functools.wraps(function)
+    def kernel(*args, **kwargs):
+        with jax.enable_x64(True):
+            return function(*args, **kwargs)
+    return kernel
+
+
+def _concrete(value) -> bool:
+    return not isinstance(value, jax.core.Tracer)
+
+
+def _check_bounds(indices, size: int, what: str) -> None:
+    """IndexError for indices outside [-size, size) (JAX would clamp them); skipped while tracing."""
+    if _concrete(indices) and indices.size and bool(jnp.any((indices < -size) | (indices >= size))):
+        raise IndexError(f"{what}: an index is out of bounds for an axis of size {size}")
+
+
+def _key(x, key, indices):
+    """The native key, its integer index arrays checked against the axes they index."""
+    native = decode_key(key, indices)
+
+    def width(item):  # the axes of x an item consumes
+        if item is None or item is Ellipsis:
+            return 0
+        return item.ndim if getattr(item, "dtype", None) == jnp.bool_ else 1
+    dim = 0
+    for item in native:
+        if hasattr(item, "dtype") and item.dtype != jnp.bool_:
+            _check_bounds(item, x.shape[dim], "index")
+        dim += x.ndim - sum(map(width, native)) if item is Ellipsis else width(item)
+    return native
+
+
+def _getitem(x, *indices, key):
+    return x[_key(x, key, indices)]
+
+
+def _setitem(x, value, *indices, key):
+    return x.at[_key(x, key, indices)].set(value)
+
+
+def _take(x, indices, axis):
+    _check_bounds(indices, x.shape[0 if axis is None else axis], "take")
+    return jnp.take(x, indices, axis=axis)
+
+
+def _take_along_axis(x, indices, axis):
+    _check_bounds(indices, x.shape[axis], "take_along_axis")
+    return jnp.take_along_axis(x, indices, axis=axis)
+
+
+def _scatter_add(x, indices, values):
+    return x.at[indices].add(values)
+
+
+def _floor_divide(x1, x2):
+    out = jnp.floor_divide(x1, x2)
+    if jnp.issubdtype(out.dtype, jnp.floating):  # inf // finite must be floor(x1 / x2), as in NumPy's fix
+        x1, x2 = jnp.asarray(x1, out.dtype), jnp.asarray(x2, out.dtype)
+        quotient = jnp.divide(x1, x2)
+        infinite = jnp.isinf(x1) & jnp.isfinite(x2) | jnp.isfinite(x1) & jnp.isinf(x2)
+        out = jnp.where(infinite, jnp.floor(quotient), out)
+        out = jnp.where(out == 0, jnp.copysign(out, quotient), out)  # -0 // 2 is -0, the quotient's sign; XLA's is +0
+    return out
+
+
+def _remainder(x1, x2):
+    out = jnp.remainder(x1, x2)
+    if jnp.issubdtype(out.dtype, jnp.floating):  # a zero result takes the sign of x2
+        out = jnp.where(out == 0, jnp.copysign(out, jnp.asarray(x2, out.dtype)), out)
+    return out
+
+
+def _sign(x):
+    return jnp.where(x == 0, jnp.zeros_like(x), jnp.sign(x))  # sign(±0) is +0, sign(0j) is 0j (not nan)
+
+
+def _complex_edges(name, function):
+    """``function`` with NumPy backend's values where a complex input is not finite: XLA's complex functions miss
+    many of the standard's special cases there (exp(-inf + infj) is 0 + 0j). Eager only: a compiled graph keeps
+    XLA's values (see docs/conformance.md)."""
+    from .numpy import KERNELS as NUMPY_KERNELS
+    reference = NUMPY_KERNELS[name]
+
+    def kernel(x):
+        out = function(x)
+        if jnp.iscomplexobj(x) and _concrete(x) and x.size and not bool(jnp.all(jnp.isfinite(x))):
+            host = np.asarray(x)
+            with np.errstate(all="ignore"):
+                fixed = np.where(np.isfinite(host), np.asarray(out), reference(host)).astype(host.dtype)
+            out = jax.device_put(fixed, x.device)
+        return out
+    return kernel
+
+
+def _complex(a):
+    return a.astype(jnp.result_type(a.dtype, jnp.complex64))
+
+
+def _sum_like(function):
+    return lambda x, axis, dtype, keepdims: function(x, axis=axis, dtype=NATIVE[dtype], keepdims=keepdims)
+
+
+def _cumulative(function):
+    return lambda x, axis, dtype, include_initial: function(x, axis=axis, dtype=NATIVE[dtype], include_initial=include_initial)
+
+
+def _fft(function):
+    return lambda x, n, axis, norm: function(x, n=n, axis=axis, norm=norm)
+
+
+def _fftn(function):
+    return lambda x, s, axes, norm: function(x, s=s, axes=axes, norm=norm)
+
+
+def _repeat(x, repeats, axis):
+    if isinstance(repeats, tuple):
+        repeats = np.asarray(repeats)
+        total = int(repeats.sum()) if repeats.size != 1 else int(repeats[0]) * (x.size if axis is None else x.shape[axis])
+        return jnp.repeat(x, repeats, axis=axis, total_repeat_length=total)
+    return jnp.repeat(x, repeats, axis=axis)
+
+
+def _pinv(x, rtol):
+    if rtol is None:  # the standard's default; JAX's is ten times larger
+        rtol = max(x.shape[-2:]) * jnp.finfo(x.dtype).eps
+    return jnp.linalg.pinv(x, rtol=rtol)
+
+
+def _asinh(x):
+    out = jnp.arcsinh(x)
+    if jnp.iscomplexobj(out):  # on the branch cut (±0 + yj, |y| > 1) the real part takes the zero's sign; JAX's does not
+        cut = (x.real == 0) & (jnp.abs(x.imag) > 1)
+        out = jnp.where(cut, lax.complex(jnp.copysign(out.real, x.real), out.imag), out)
+    return out
+
+
+def _vector_norm(x, axis, keepdims, ord):
+    if axis == ():  # over no axes each element is its own norm
+        magnitude = jnp.abs(x)
+        return (magnitude != 0).astype(magnitude.dtype) if ord == 0 else magnitude
+    return jnp.linalg.vector_norm(x, axis=axis, keepdims=keepdims, ord=ord)
+
+
+_BINARY_AND_UNARY = {
+    "abs": jnp.abs, "acos": jnp.arccos, "acosh": jnp.arccosh, "asin": jnp.arcsin, "asinh": _asinh,
+    "atan": jnp.arctan, "atanh": jnp.arctanh, "bitwise_invert": jnp.invert, "ceil": jnp.ceil, "conj": jnp.conj,
+    "cos": jnp.cos, "cosh": jnp.cosh, "exp": jnp.exp, "expm1": jnp.expm1, "floor": jnp.floor, "imag": jnp.imag,
+    "isfinite": jnp.isfinite, "isinf": jnp.isinf, "isnan": jnp.isnan, "log": jnp.log, "log1p": jnp.log1p,
+    "log2": jnp.log2, "log10": jnp.log10, "logical_not": jnp.logical_not, "negative": jnp.negative,
+    "positive": jnp.positive, "real": jnp.real, "reciprocal": jnp.reciprocal, "round": jnp.round, "sign": _sign,
+    "signbit": jnp.signbit, "sin": jnp.sin, "sinh": jnp.sinh, "sqrt": jnp.sqrt, "square": jnp.square, "tan": jnp.tan,
+    "tanh": jnp.tanh, "trunc": jnp.trunc,
+    "add": jnp.add, "subtract": jnp.subtract, "multiply": jnp.multiply, "divide": jnp.divide, "pow": jnp.power,
+    "equal": jnp.equal, "not_equal": jnp.not_equal, "greater": jnp.greater, "greater_equal": jnp.greater_equal,
+    "less": jnp.less, "less_equal": jnp.less_equal, "floor_divide": _floor_divide, "remainder": _remainder,
+    "maximum": jnp.maximum, "minimum": jnp.minimum, "atan2": jnp.arctan2, "copysign": jnp.copysign, "hypot": jnp.hypot,
+    "nextafter": jnp.nextafter, "logaddexp": jnp.logaddexp, "bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
+    "bitwise_xor": jnp.bitwise_xor, "bitwise_left_shift": jnp.left_shift, "bitwise_right_shift": jnp.right_shift,
+    "logical_and": jnp.logical_and, "logical_or": jnp.logical_or, "logical_xor": jnp.logical_xor,
+    "where": jnp.where, "tril": lambda x, k: jnp.tril(x, k), "triu": lambda x, k: jnp.triu(x, k),
+}
+
+_COMPLEX_EDGES = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "exp", "expm1", "log", "log1p", "log2",
+                  "log10", "sin", "sinh", "sqrt", "tan", "tanh")
+KERNELS = {
+    **_BINARY_AND_UNARY,
+    **{name: _complex_edges(name, _BINARY_AND_UNARY[name]) for name in _COMPLEX_EDGES},
+    # reductions, scans, searching, sorting, sets
+    "sum": _sum_like(jnp.sum), "prod": _sum_like(jnp.prod),
+    "max": lambda x, axis, keepdims: jnp.max(x, axis=axis, keepdims=keepdims),
+    "min": lambda x, axis, keepdims: jnp.min(x, axis=axis, keepdims=keepdims),
+    "mean": lambda x, axis, keepdims: jnp.mean(x, axis=axis, keepdims=keepdims),
+    "std": lambda x, axis, correction, keepdims: jnp.std(x, axis=axis, correction=correction, keepdims=keepdims),
+    "var": lambda x, axis, correction, keepdims: jnp.var(x, axis=axis, correction=correction, keepdims=keepdims),
+    "all": lambda x, axis, keepdims: jnp.all(x, axis=axis, keepdims=keepdims),
+    "any": lambda x, axis, keepdims: jnp.any(x, axis=axis, keepdims=keepdims),
+    "count_nonzero": lambda x, axis, keepdims: jnp.count_nonzero(x, axis=axis, keepdims=keepdims).astype(jnp.int64),
+    "argmax": lambda x, axis, keepdims: jnp.argmax(x, axis=axis, keepdims=keepdims).astype(jnp.int64),
+    "argmin": lambda x, axis, keepdims: jnp.argmin(x, axis=axis, keepdims=keepdims).astype(jnp.int64),
+    "cumulative_sum": _cumulative(jnp.cumulative_sum), "cumulative_prod": _cumulative(jnp.cumulative_prod),
+    "diff": lambda x, axis, n: jnp.diff(x, n=n, axis=axis),
+    "sort": lambda x, axis, descending, stable: jnp.sort(x, axis=axis, descending=descending, stable=stable),
+    "argsort": lambda x, axis, descending, stable: jnp.argsort(x, axis=axis, descending=descending, stable=stable),
+    "searchsorted": lambda x1, x2, side: jnp.searchsorted(x1, x2, side=side).astype(jnp.int64),
+    "isin": lambda x1, x2, invert: jnp.isin(x1, x2, invert=invert),
+    "nonzero": lambda x: tuple(i.astype(jnp.int64) for i in jnp.nonzero(x)),
+    "unique_values": jnp.unique_values, "unique_counts": lambda x: tuple(jnp.unique_counts(x)),
+    "unique_inverse": lambda x: tuple(jnp.unique_inverse(x)), "unique_all": lambda x: tuple(jnp.unique_all(x)),
+    # manipulation
+    "astype": lambda x, dtype, copy: x.astype(NATIVE[dtype]),
+    "broadcast_to": jnp.broadcast_to,
+    "concat": lambda *arrays, axis: jnp.concatenate(arrays, axis=axis),
+    "stack": lambda *arrays, axis: jnp.stack(arrays, axis=axis),
+    "expand_dims": lambda x, axis: jnp.expand_dims(x, axis),
+    "flip": lambda x, axis: jnp.flip(x, axis),
+    "moveaxis": lambda x, source, destination: jnp.moveaxis(x, source, destination),
+    "permute_dims": lambda x, axes: jnp.transpose(x, axes),
+    "repeat": _repeat,
+    "reshape": lambda x, shape, copy: jnp.reshape(x, shape),
+    "roll": lambda x, shift, axis: jnp.roll(x, shift, axis),
+    "squeeze": lambda x, axis: jnp.squeeze(x, axis),
+    "tile": lambda x, repetitions: jnp.tile(x, repetitions),
+    "unstack": lambda x, axis: tuple(jnp.unstack(x, axis=axis)),
+    # indexing
+    "getitem": _getitem, "setitem": _setitem, "take": _take, "take_along_axis": _take_along_axis,
+    "scatter_add": _scatter_add,
+    # linear algebra
+    "matmul": jnp.matmul, "tensordot": lambda x1, x2, axes: jnp.tensordot(x1, x2, axes),
+    "vecdot": lambda x1, x2, axis: jnp.vecdot(x1, x2, axis=axis),
+    "cholesky": lambda x, upper: jnp.linalg.cholesky(x, upper=upper), "inv": jnp.linalg.inv, "det": jnp.linalg.det,
+    "slogdet": lambda x: tuple(jnp.linalg.slogdet(x)), "eigh": lambda x: tuple(jnp.linalg.eigh(x)),
+    "eig": lambda x: tuple(_complex(a) for a in jnp.linalg.eig(x)), "eigvals": lambda x: _complex(jnp.linalg.eigvals(x)),
+    "eigvalsh": jnp.linalg.eigvalsh, "matrix_power": lambda x, n: jnp.linalg.matrix_power(x, n),
+    "qr": lambda x, mode: tuple(jnp.linalg.qr(x, mode=mode)),
+    "svd": lambda x, full_matrices: tuple(jnp.linalg.svd(x, full_matrices=full_matrices)),
+    "svdvals": jnp.linalg.svdvals, "pinv": _pinv, "solve": jnp.linalg.solve,
+    "cross": lambda x1, x2, axis: jnp.linalg.cross(x1, x2, axis=axis),
+    "diagonal": lambda x, offset: jnp.diagonal(x, offset, axis1=-2, axis2=-1),
+    "trace": lambda x, offset, dtype: jnp.trace(x, offset, axis1=-2, axis2=-1, dtype=NATIVE[dtype]),
+    "matrix_norm": lambda x, keepdims, ord: jnp.linalg.matrix_norm(x, keepdims=keepdims, ord=ord),
+    "vector_norm": _vector_norm,
+    # fft
+    "fft": _fft(jnp.fft.fft), "ifft": _fft(jnp.fft.ifft), "rfft": _fft(jnp.fft.rfft), "irfft": _fft(jnp.fft.irfft),
+    "hfft": _fft(jnp.fft.hfft), "ihfft": _fft(jnp.fft.ihfft),
+    "fftn": _fftn(jnp.fft.fftn), "ifftn": _fftn(jnp.fft.ifftn), "rfftn": _fftn(jnp.fft.rfftn),
+    "irfftn": _fftn(jnp.fft.irfftn),
+    "fftshift": lambda x, axes: jnp.fft.fftshift(x, axes) if axes else x,
+    "ifftshift": lambda x, axes: jnp.fft.ifftshift(x, axes) if axes else x,
+}
+
+
+# --- nn ---------------------------------------------------------------------------------------------
+
+def uniform_hash(size: int, seed: int):
+    """numpy_nn.uniform_hash in uint64 arithmetic: the same bits on every device."""
+    z = jnp.arange(size, dtype=jnp.uint64) + jnp.uint64(seed * GOLDEN % (1 << 64))
+    z = (z ^ (z >> jnp.uint64(30))) * jnp.uint64(MIX1)
+    z = (z ^ (z >> jnp.uint64(27))) * jnp.uint64(MIX2)
+    z = z ^ (z >> jnp.uint64(31))
+    return (z >> jnp.uint64(11)).astype(jnp.float64) * 2.0 ** -53
+
+
+def _reduce(values, reduction):
+    if reduction == "mean":
+        return jnp.mean(values) if values.size else jnp.asarray(jnp.nan, values.dtype)
+    return jnp.sum(values) if reduction == "sum" else values
+
+
+def _cross_entropy(logits, target, reduction):
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    return _reduce(-jnp.take_along_axis(log_p, target[:, None].astype(jnp.int64), axis=1)[:, 0], reduction)
+
+
+def _layer_norm(x, *affine, normalized_shape, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float64))  # statistics in float64, as on numpy
+    mean = wide.mean(axis=axes, keepdims=True)
+    var = ((wide - mean) ** 2).mean(axis=axes, keepdims=True)
+    out = ((wide - mean) / jnp.sqrt(var + eps)).astype(x.dtype)
+    return out * affine[0] + affine[1] if affine else out
+
+
+def _conv(x, weight, stride, padding, dilation, groups):
+    return lax.conv_general_dilated(x, weight, window_strides=stride, padding=[(p, p) for p in padding],
+                                    rhs_dilation=dilation, feature_group_count=groups,
+                                    dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+
+def _conv2d(x, weight, *bias, stride, padding, dilation, groups):
+    out = _conv(x, weight, stride, padding, dilation, groups)
+    return out + bias[0][None, :, None, None] if bias else out
+
+
+def _conv2d_input_grad(g, weight, shape, stride, padding, dilation, groups):
+    _, pullback = jax.vjp(lambda x: _conv(x, weight, stride, padding, dilation, groups), jnp.zeros(shape, g.dtype))
+    return pullback(g)[0]
+
+
+def _conv2d_weight_grad(x, g, shape, stride, padding, dilation, groups):
+    _, pullback = jax.vjp(lambda w: _conv(x, w, stride, padding, dilation, groups), jnp.zeros(shape, g.dtype))
+    return pullback(g)[0]
+
+
+def _pool(x, init, function, kernel_size, stride, padding):
+    return lax.reduce_window(x, init, function, (1, 1, *kernel_size), (1, 1, *stride),
+                             [(0, 0), (0, 0), *((p, p) for p in padding)])
+
+
+def _max_pool2d(x, kernel_size, stride, padding):
+    return _pool(x, jnp.array(-jnp.inf, x.dtype), lax.max, kernel_size, stride, padding)
+
+
+def _max_pool2d_grad(x, g, kernel_size, stride, padding):
+    _, pullback = jax.vjp(lambda v: _max_pool2d(v, kernel_size, stride, padding), x)
+    return pullback(g)[0]
+
+
+def _avg_pool2d(x, kernel_size, stride, padding):
+    return _pool(x, jnp.array(0, x.dtype), lax.add, kernel_size, stride, padding) / math.prod(kernel_size)
+
+
+def _attention(q, k, v, *mask, is_causal, scale):
+    s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
+    scores = (q @ jnp.swapaxes(k, -1, -2)) * s
+    if mask:
+        scores = scores + mask[0]
+    if is_causal:
+        scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], dtype=bool)), scores, -jnp.inf)
+    return jax.nn.softmax(scores, axis=-1) @ v
+
+
+KERNELS.update({
+    "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid, "silu": jax.nn.silu,
+    "gelu": lambda x, approximate: jax.nn.gelu(x, approximate=approximate == "tanh"),
+    "softmax": lambda x, axis: jax.nn.softmax(x, axis=axis), "log_softmax": lambda x, axis: jax.nn.log_softmax(x, axis=axis),
+    "cross_entropy": _cross_entropy,
+    "mse_loss": lambda x, y, reduction: _reduce((x - y) ** 2, reduction),
+    "linear": lambda x, weight, *bias: x @ weight.T + bias[0] if bias else x @ weight.T,
+    "layer_norm": _layer_norm,
+    "embedding": lambda indices, weight: weight[indices],
+    "conv2d": _conv2d, "conv2d_input_grad": _conv2d_input_grad, "conv2d_weight_grad": _conv2d_weight_grad,
+    "max_pool2d": _max_pool2d, "max_pool2d_grad": _max_pool2d_grad, "avg_pool2d": _avg_pool2d,
+    "scaled_dot_product_attention": _attention,
+})
+
+
+def _creation_kernels() -> dict:
+    """Kernels without array inputs (placed on the backend's device by the caller)."""
+    def arange(start, stop, step, dtype):
+        n = arange_length(start, stop, step)
+        if all(isinstance(v, int) for v in (start, stop, step)):
+            return jnp.arange(start, start + n * step, step, dtype=NATIVE[dtype])[:n]
+        return (start + step * jnp.arange(n, dtype=jnp.float64)).astype(NATIVE[dtype])  # NumPy's formula
+
+    return {
+        "dropout_mask": lambda shape, p, seed: (uniform_hash(math.prod(shape), seed) >= p).reshape(shape),
+        "arange": arange,
+        "full": lambda shape, fill_value, dtype: jnp.full(shape, fill_value, dtype=NATIVE[dtype]),
+        "empty": lambda shape, dtype: jnp.zeros(shape, dtype=NATIVE[dtype]),
+        "eye": lambda n_rows, n_cols, k, dtype: jnp.eye(n_rows, n_cols, k, dtype=NATIVE[dtype]),
+        "linspace": lambda start, stop, num, dtype, endpoint: jnp.linspace(start, stop, num, endpoint=endpoint,
+                                                                           dtype=NATIVE[dtype]),
+        "fftfreq": lambda n, d, dtype: jnp.fft.fftfreq(n, d).astype(NATIVE[dtype]),
+        "rfftfreq": lambda n, d, dtype: jnp.fft.rfftfreq(n, d).astype(NATIVE[dtype]),
+    }
+
+
+CREATION = _creation_kernels()
+
+
+class JaxBackend(Backend):
+    """One JAX device (cpu, or gpu:N)."""
+
+    name = "jax"
+    dtypes = dt.ALL
+    gaps: dict = {}
+
+    def __init__(self, device_name: str, device):
+        self.device_name, self.device = device_name, device
+        self.native_type = type(jax.device_put(np.zeros(()), device))
+        put = functools.partial(jax.device_put, device=device)
+        placed = {name: (lambda f: lambda *a, **k: put(f(*a, **k)))(f) for name, f in CREATION.items()}
+        self.kernels = {name: in_x64(function) for name, function in {**KERNELS, **placed}.items()}
+
+    @in_x64
+    def coerce(self, value):
+        return value if isinstance(value, jax.Array) else jax.device_put(value, self.device)  # a tracer stays
+
+    def compiled(self, plan):
+        return CompiledPlan(plan)
+
+    def dtype_of(self, native) -> dt.DType:
+        return EMBER[native.dtype]
+
+    @in_x64
+    def from_host(self, host: np.ndarray):
+        return jax.device_put(host, self.device)
+
+    def to_host(self, native) -> np.ndarray:
+        return np.asarray(native)
+
+    @in_x64
+    def adopt(self, native):
+        return jax.device_put(native, self.device)
+
+    @in_x64
+    def from_dlpack(self, obj, copy=None):
+        array = jax.device_put(jnp.from_dlpack(obj), self.device)
+        return jnp.array(array, copy=True) if copy else array
+
+
+_UNTRACEABLE = (jax.errors.JAXTypeError, jax.errors.JAXIndexError)  # a kernel needed concrete values
+
+
+class CompiledPlan:
+    """A graph's plan compiled by ``jax.jit`` as one XLA program (traced again for new input shapes or
+    dtypes, which ember's jit keys apart anyway). A graph that cannot be traced — data-dependent
+    shapes (nonzero, unique, a boolean mask), bounds checks that read data — runs its plan eagerly,
+    op by op, as on any backend; so does every later call of it."""
+
+    def __init__(self, plan):
+        self.plan, self.steps = plan, plan.steps
+        outputs = plan.outputs
+        self.jitted = jax.jit(lambda inputs: [plan.trace(inputs)[i] for i in outputs])
+        self.eager = False
+
+    def run(self, inputs) -> list:
+        if not self.eager:
+            try:
+                with jax.enable_x64(True):
+                    results = self.jitted(list(inputs))
+            except Exception as error:  # the plan names the op; JAX's error, beneath, says whether it traced
+                if not isinstance(error.__cause__ or error, _UNTRACEABLE):
+                    raise
+                self.eager = True
+            else:
+                self.plan.engine.ops_executed += len(self.steps)
+                return results
+        return self.plan.run(inputs)
+
+
+def _gpus() -> list:
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:  # no GPU backend
+        return []
+
+
+def devices() -> list[str]:
+    """``jax:cpu`` and one ``jax:gpu:N`` per visible GPU."""
+    return ["jax:cpu"] + [f"jax:gpu:{i}" for i in range(len(_gpus()))]
+
+
+_BACKENDS: dict[str, JaxBackend] = {}
+
+
+def backend(device_name: str) -> JaxBackend:
+    """The backend object of ``device_name`` ("jax:cpu", "jax:gpu:0" …)."""
+    if device_name not in _BACKENDS:
+        if device_name == "jax:cpu":
+            device = jax.devices("cpu")[0]
+        else:
+            gpus, index = _gpus(), int(device_name.rsplit(":", 1)[1])
+            if index >= len(gpus):
+                raise NotSupportedError(f"{device_name}: this machine has {len(gpus)} JAX GPU device(s)")
+            device = gpus[index]
+        _BACKENDS[device_name] = JaxBackend(device_name, device)
+    return _BACKENDS[device_name]
