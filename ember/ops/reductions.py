@@ -255,7 +255,7 @@ for _name, _parts in (("unique_values", ("values",)), ("unique_counts", ("values
 def _isin_meta(x1, x2, invert):
     if not isinstance(invert, bool):
         raise ArgumentError(f"invert must be a bool, got {invert!r}")
-    require(dt.promote(x1.dtype, x2.dtype), "real")
+    require(dt.promote(x1.dtype, x2.dtype), "real", "inputs")  # their common dtype
     return Meta(x1.shape, dt.bool_)
 
 
