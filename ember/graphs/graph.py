@@ -180,6 +180,13 @@ class CapturedGraph:
 
     # --- files ----------------------------------------------------------------------------------
 
+    def to_onnx(self, path, dynamic_batch: bool = False) -> Path:
+        """Write the graph as an ONNX model (needs ``ember[onnx]``): inputs and outputs keep their
+        names, constants become initializers; ``dynamic_batch`` leaves the leading axis of inputs
+        and outputs unnamed in size. OnnxError lists every op without an ONNX form (docs/onnx.md)."""
+        from .onnx import to_onnx
+        return to_onnx(self, path, dynamic_batch)
+
     def to_json(self) -> dict:
         """A JSON-ready description, for reading (constants are summarised, not stored)."""
         def meta(m):
