@@ -99,3 +99,71 @@ def test_a_graph_with_rows_without_an_onnx_form_names_them_all():
     message = str(info.value)
     assert "fft" in message and "inv" in message and message.startswith("to_onnx: ")
     assert {name for _, name, _ in info.value.unsupported} >= {"fft", "inv"}
+
+
+# --- whole models ------------------------------------------------------------------------------------
+
+def spirals_forward(batch: int = 400, dtype=np.float64):
+    """The spirals MLP's forward pass (ember/spirals.py), its weights as constants."""
+    from ember.spirals import init_params, logits, two_spirals
+    with em.capture() as cap:
+        x = cap.input((batch, 2), dt.FROM_NUMPY[np.dtype(dtype)], name="points")
+        params = [em.asarray(p.astype(dtype), device=cap.device) for p in init_params()]
+        cap.output(logits(params, x), name="logits")
+    return cap.graph, two_spirals()[0][:batch].astype(dtype)
+
+
+def conv_net(dtype):
+    rng = np.random.default_rng(1)
+    with em.capture() as cap:
+        x = cap.input((2, 3, 10, 10), dtype, name="image")
+        w1 = em.asarray(rng.standard_normal((8, 3, 3, 3)).astype(dt.NUMPY[dtype]), device=cap.device)
+        b1 = em.asarray(rng.standard_normal(8).astype(dt.NUMPY[dtype]), device=cap.device)
+        w2 = em.asarray(rng.standard_normal((8, 4, 3, 3)).astype(dt.NUMPY[dtype]), device=cap.device)
+        head = em.asarray(rng.standard_normal((5, 8 * 2 * 2)).astype(dt.NUMPY[dtype]), device=cap.device)
+        h = em.nn.relu(em.nn.conv2d(x, w1, b1, padding=1))
+        h = em.nn.max_pool2d(h, 2)
+        h = em.nn.silu(em.nn.conv2d(h, w2, stride=2, padding=1, groups=2))
+        h = em.nn.avg_pool2d(h, 2, padding=1)
+        h = em.nn.layer_norm(em.reshape(h[:, :, :2, :2], (2, -1)), (32,))
+        cap.output(em.nn.log_softmax(em.nn.linear(h, head)), name="scores")
+    return cap.graph, rng.standard_normal((2, 3, 10, 10)).astype(dt.NUMPY[dtype])
+
+
+def attention(dtype):
+    rng = np.random.default_rng(2)
+    with em.capture() as cap:
+        tokens = cap.input((2, 5, 8), dtype, name="tokens")
+        mask = cap.input((5, 5), dtype, name="mask")
+        wq, wk, wv = (em.asarray(rng.standard_normal((8, 8)).astype(dt.NUMPY[dtype]), device=cap.device) for _ in range(3))
+        q, k, v = em.nn.linear(tokens, wq), em.nn.linear(tokens, wk), em.nn.linear(tokens, wv)
+        heads = [em.permute_dims(em.reshape(t, (2, 5, 2, 4)), (0, 2, 1, 3)) for t in (q, k, v)]
+        causal = em.nn.scaled_dot_product_attention(*heads, is_causal=True)
+        masked = em.nn.scaled_dot_product_attention(*heads, attn_mask=mask, scale=0.3)
+        mixed = em.reshape(em.permute_dims(causal + masked, (0, 2, 1, 3)), (2, 5, 8))
+        cap.output(em.nn.gelu(mixed), name="mixed")
+    return cap.graph, (rng.standard_normal((2, 5, 8)), np.triu(np.full((5, 5), -1e9), 1))
+
+
+@pytest.mark.parametrize("dtype", [em.float32, em.float64])
+def test_models_match_replay(dtype):
+    graph, points = spirals_forward(dtype=dt.NUMPY[dtype])
+    assert_agree(graph, [points], "spirals")
+    graph, image = conv_net(dtype)
+    assert_agree(graph, [image], "conv net")
+    graph, arrays = attention(dtype)
+    assert_agree(graph, [a.astype(dt.NUMPY[dtype]) for a in arrays], "attention")
+
+
+def test_named_inputs_outputs_initializers_and_a_dynamic_batch(tmp_path):
+    graph, points = spirals_forward(batch=16)
+    path = graph.to_onnx(tmp_path / "spirals.onnx", dynamic_batch=True)
+    model = onnx.load(str(path))
+    assert [i.name for i in model.graph.input] == ["points"] and [o.name for o in model.graph.output] == ["logits"]
+    assert len(model.graph.initializer) >= len(graph.constants)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch in (16, 3, 400):  # other batch sizes than the captured one
+        other, x = spirals_forward(batch=batch)
+        (out,) = session.run(None, {"points": x})
+        np.testing.assert_allclose(out, em.asnumpy(other(em.asarray(x))), rtol=1e-9, atol=1e-11)
