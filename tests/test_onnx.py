@@ -167,3 +167,11 @@ def test_named_inputs_outputs_initializers_and_a_dynamic_batch(tmp_path):
         other, x = spirals_forward(batch=batch)
         (out,) = session.run(None, {"points": x})
         np.testing.assert_allclose(out, em.asnumpy(other(em.asarray(x))), rtol=1e-9, atol=1e-11)
+
+
+def test_import_ember_does_not_import_onnx():
+    import subprocess
+    import sys
+    probe = "import sys, ember; print(sorted(m for m in ('onnx', 'onnxruntime') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

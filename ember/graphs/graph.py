@@ -77,6 +77,12 @@ class CapturedGraph:
             raise TypeError(f"replay: missing input {missing[0]!r}")
         return [values[n] for n in names]
 
+    def verify(self, devices, inputs=None):
+        """Replay on each of ``devices`` and compare every intermediate with the first device's; the
+        report names the first op whose outputs diverge beyond the dtype's tolerance (graphs/verify.py)."""
+        from .verify import verify
+        return verify(self, devices, inputs)
+
     def constant_handles(self, engine) -> dict:
         """Constants uploaded once per engine (a graph replayed many times uploads them once)."""
         handles = self._uploads.get(engine)
