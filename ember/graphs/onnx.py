@@ -53,9 +53,10 @@ def lowering(*names):
 class Builder:
     """Collects nodes and initializers; names are unique within the model."""
 
-    def __init__(self):
+    def __init__(self, dynamic_batch: bool = False):
         import onnx
         self.onnx = onnx
+        self.dynamic_batch = dynamic_batch
         self.nodes: list = []
         self.initializers: list = []
         self._count = 0
@@ -483,11 +484,40 @@ def _diff(b, xs, ins, outs, axis, n):
     return x if n else b.node("Identity", [x])
 
 
+def _top_k(b, xs, ins, axis, descending):
+    """TopK over the whole axis; ONNX's TopK breaks ties by the lower index, which is a stable sort's order."""
+    if ins[0].dtype is dt.bool_:
+        xs = [b.cast(xs[0], dt.bool_, dt.int32)]
+    values, indices = b.node("TopK", [xs[0], b.ints([ins[0].shape[axis]])], outputs=2, axis=axis, largest=int(descending),
+                             sorted=1)
+    return (b.cast(values, dt.int32, dt.bool_) if ins[0].dtype is dt.bool_ else values), indices
+
+
 @lowering("sort")
 def _sort(b, xs, ins, outs, axis, descending, stable):
-    # values only: ties are equal, so TopK's order among them cannot show
-    k = b.ints([ins[0].shape[axis]])
-    return b.node("TopK", [xs[0], k], outputs=2, axis=axis, largest=int(descending), sorted=1)[0]
+    return _top_k(b, xs, ins, axis, descending)[0]
+
+
+@lowering("argsort")
+def _argsort(b, xs, ins, outs, axis, descending, stable):
+    return b.cast(_top_k(b, xs, ins, axis, descending)[1], dt.int64, outs[0].dtype)
+
+
+@lowering("cumulative_prod")
+def _cumulative_prod(b, xs, ins, outs, axis, dtype, include_initial):
+    """A scan by doubling (Hillis–Steele): log2(n) steps, each a product with the array shifted by 2^k."""
+    x, n = b.cast(xs[0], ins[0].dtype, dtype), ins[0].shape[axis]
+    shape = list(ins[0].shape)
+    step = 1
+    while step < n:
+        shape[axis] = step
+        ones = b.const(np.ones(shape, dt.NUMPY[dtype]))
+        shifted = b.node("Concat", [ones, b.node("Slice", [x, b.ints([0]), b.ints([n - step]), b.ints([axis])])], axis=axis)
+        x, step = b.node("Mul", [x, shifted]), step * 2
+    if not include_initial:
+        return x if n > 1 else b.node("Identity", [x])
+    shape[axis] = 1
+    return b.node("Concat", [b.const(np.ones(shape, dt.NUMPY[dtype])), x], axis=axis)
 
 
 @lowering("searchsorted")
@@ -506,18 +536,21 @@ def _matmul(b, xs, ins, outs):
     return b.node("MatMul", _common(b, xs, ins)[0])
 
 
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
 @lowering("tensordot")
 def _tensordot(b, xs, ins, outs, axes):
+    """Both operands permuted and flattened to matrices, one MatMul, the free axes restored."""
+    (x1, x2), _ = _common(b, xs, ins, outs[0].dtype)
     first, second = axes
-    left = list(_LETTERS[:ins[0].ndim])
-    right = list(_LETTERS[ins[0].ndim:ins[0].ndim + ins[1].ndim])
-    for a, c in zip(first, second):
-        right[c] = left[a]
-    kept = [c for i, c in enumerate(left) if i not in first] + [c for i, c in enumerate(right) if i not in second]
-    return b.node("Einsum", _common(b, xs, ins)[0], equation=f"{''.join(left)},{''.join(right)}->{''.join(kept)}")
+    free1 = [a for a in range(ins[0].ndim) if a not in first]
+    free2 = [a for a in range(ins[1].ndim) if a not in second]
+    inner = math.prod(ins[0].shape[a] for a in first)
+    left = b.reshape(_transposed(b, x1, free1 + list(first)), (math.prod(ins[0].shape[a] for a in free1), inner))
+    right = b.reshape(_transposed(b, x2, list(second) + free2), (inner, math.prod(ins[1].shape[a] for a in free2)))
+    return b.reshape(b.node("MatMul", [left, right]), outs[0].shape)
+
+
+def _transposed(b, x, perm):
+    return b.node("Transpose", [x], perm=perm) if perm != sorted(perm) else x
 
 
 @lowering("vecdot")
@@ -525,6 +558,54 @@ def _vecdot(b, xs, ins, outs, axis):
     product = b.node("Mul", _common(b, xs, ins)[0])
     ndim = max(ins[0].ndim, ins[1].ndim)
     return _reduce(b, "ReduceSum", product, (axis % ndim,), False)
+
+
+@lowering("trace")
+def _trace(b, xs, ins, outs, offset, dtype):
+    diagonal = _rearrangement(b, xs, ins, outs, "diagonal", {"offset": offset})
+    return _reduce(b, "ReduceSum", b.cast(diagonal, ins[0].dtype, dtype), (ins[0].ndim - 2,), False)
+
+
+@lowering("cross")
+def _cross(b, xs, ins, outs, axis):
+    (x1, x2), _ = _common(b, xs, ins, outs[0].dtype)
+    a1, a2 = (b.node("Gather", [x1, b.ints(order)], axis=axis % ins[0].ndim) for order in ((1, 2, 0), (2, 0, 1)))
+    b1, b2 = (b.node("Gather", [x2, b.ints(order)], axis=axis % ins[1].ndim) for order in ((1, 2, 0), (2, 0, 1)))
+    return b.node("Sub", [b.node("Mul", [a1, b2]), b.node("Mul", [a2, b1])])
+
+
+@lowering("matrix_norm")
+def _matrix_norm(b, xs, ins, outs, keepdims, ord):
+    last = (ins[0].ndim - 2, ins[0].ndim - 1)
+    if ord == "fro":
+        return _reduce(b, "ReduceL2", xs[0], last, keepdims)
+    if ord not in (1, -1, math.inf, -math.inf):
+        raise NotExportable(f"the {ord!r} matrix norm needs singular values: ONNX has no SVD")
+    summed, picked = (last[0], last[1]) if ord in (1, -1) else (last[1], last[0])
+    sums = _reduce(b, "ReduceSum", b.node("Abs", xs), (summed,), True)
+    return _reduce(b, "ReduceMax" if ord > 0 else "ReduceMin", sums, (summed, picked) if keepdims else last, keepdims) \
+        if keepdims else b.reshape(_reduce(b, "ReduceMax" if ord > 0 else "ReduceMin", sums, (picked,), True), outs[0].shape)
+
+
+def _shifter(left: bool):
+    """Shifts as products and floor quotients by powers of two (ONNX's BitShift takes unsigned integers only):
+    exact, with NumPy's results for shifts of the whole width or more (0, or -1 for a negative right shift)."""
+    def lower(b, xs, ins, outs):
+        (x, y), dtype = _common(b, xs, ins, outs[0].dtype)
+        bits = dtype.itemsize * 8
+        zero = b.scalar(0, dtype)
+        too_far = b.node("GreaterOrEqual", [y, b.scalar(bits, dtype)])
+        power = b.node("Pow", [b.scalar(2, dtype), b.node("Min", [y, b.scalar(bits - 2, dtype)])])
+        if left:
+            return b.node("Where", [too_far, zero, b.node("Mul", [x, power])])
+        quotient = b.node("Div", [b.node("Sub", [x, b.node("Mod", [x, power], fmod=0)]), power])
+        beyond = b.node("Where", [b.node("Less", [x, zero]), b.scalar(-1, dtype), zero]) if dtype.kind == dt.SIGNED else zero
+        wide = b.node("GreaterOrEqual", [y, b.scalar(bits - 1, dtype)])  # a shift by bits-1 keeps only the sign
+        return b.node("Where", [wide, beyond, quotient])
+    return lower
+
+
+LOWERINGS["bitwise_left_shift"], LOWERINGS["bitwise_right_shift"] = _shifter(True), _shifter(False)
 
 
 @lowering("det")
@@ -557,7 +638,11 @@ def _vector_norm(b, xs, ins, outs, axis, keepdims, ord):
 
 @lowering("reshape", "squeeze", "expand_dims")
 def _reshape(b, xs, ins, outs, **_):
-    return b.reshape(xs[0], outs[0].shape)
+    shape = outs[0].shape
+    if b.dynamic_batch and ins[0].ndim and shape and ins[0].shape[0] == shape[0] and 0 not in shape:
+        # the leading axis copied from the input (ONNX's 0 without allowzero), so the batch stays dynamic
+        return b.node("Reshape", [xs[0], b.ints((0,) + shape[1:])], allowzero=0)
+    return b.reshape(xs[0], shape)
 
 
 @lowering("broadcast_to")
@@ -665,6 +750,33 @@ def _getitem(b, xs, ins, outs, key):
     return b.node("Gather", [b.reshape(xs[0], (-1,)), _positions(b, ins[0], xs[1:], ins[1:], key)], axis=0)
 
 
+@lowering("setitem")
+def _setitem(b, xs, ins, outs, key):
+    """The positions x[key] reads, written with ScatterND (NumPy keeps the last of repeated positions; ScatterND
+    leaves their order undefined: keys with repeated array indices are ambiguous there)."""
+    positions = _positions(b, ins[0], xs[2:], ins[2:], key)
+    target = Meta(tuple(np.broadcast_shapes(ins[1].shape, _shape_of_key(ins[0], ins[2:], key))), ins[0].dtype)
+    values = b.node("Expand", [b.cast(xs[1], ins[1].dtype, ins[0].dtype), b.ints(target.shape)])
+    flat = b.reshape(xs[0], (-1,))
+    written = b.node("ScatterND", [flat, b.node("Unsqueeze", [b.reshape(positions, (-1,)), b.ints([1])]),
+                                   b.reshape(values, (-1,))])
+    return b.reshape(written, ins[0].shape)
+
+
+def _shape_of_key(meta, array_metas, key):
+    from ..ops.indexing import index_shape
+    return index_shape(meta.shape, key, tuple(array_metas))
+
+
+@lowering("scatter_add")
+def _scatter_add(b, xs, ins, outs):
+    x, indices, values = xs
+    wrapped = b.cast(indices, ins[1].dtype, dt.int64)
+    wrapped = b.node("Where", [b.node("Less", [wrapped, b.scalar(0, dt.int64)]),
+                               b.node("Add", [wrapped, b.scalar(ins[0].shape[0], dt.int64)]), wrapped])
+    return b.node("ScatterND", [x, b.node("Unsqueeze", [wrapped, b.ints([1])]), values], reduction="add")
+
+
 @lowering("take")
 def _take(b, xs, ins, outs, axis):
     x = xs[0]
@@ -744,11 +856,14 @@ def _linear(b, xs, ins, outs):
 
 @lowering("layer_norm")
 def _layer_norm(b, xs, ins, outs, normalized_shape, eps):
-    x, dtype = xs[0], ins[0].dtype
+    # statistics in float64, as ember's kernels (and torch) accumulate wider: a constant float32 row normalises to 0
+    dtype, wide = ins[0].dtype, b.cast(xs[0], ins[0].dtype, dt.float64)
+    meta = Meta(ins[0].shape, dt.float64)
     axes = tuple(range(ins[0].ndim - len(normalized_shape), ins[0].ndim))
-    centred = b.node("Sub", [x, _reduce(b, "ReduceMean", x, axes, True)])
-    variance = _reduce(b, "ReduceMean", b.node("Mul", [centred, centred]), axes, True)
-    out = b.node("Div", [centred, b.node("Sqrt", [b.node("Add", [variance, b.scalar(eps, dtype)])])])
+    centred = b.node("Sub", [wide, _mean(b, wide, meta, axes, True)])
+    variance = _mean(b, b.node("Mul", [centred, centred]), meta, axes, True)
+    out = b.node("Div", [centred, b.node("Sqrt", [b.node("Add", [variance, b.scalar(eps, dt.float64)])])])
+    out = b.cast(out, dt.float64, dtype)
     return b.node("Add", [b.node("Mul", [out, xs[1]]), xs[2]]) if len(xs) == 3 else out
 
 
@@ -825,17 +940,9 @@ GAPS.update({name: "a data-dependent output length" for name in
              ("nonzero", "unique_values", "unique_counts", "unique_inverse", "unique_all")})
 GAPS.update({name: "a matrix factorisation or solver: ONNX has no operator for it, and unrolling one is not exact"
              for name in ("cholesky", "inv", "slogdet", "eigh", "eigvalsh", "qr", "svd", "svdvals", "pinv", "solve",
-                          "matrix_power", "matrix_norm")})
+                          "matrix_power")})
 GAPS.update({
     "nextafter": "needs the bits of a float; ONNX has no bit cast",
-    "bitwise_left_shift": "ONNX's BitShift takes unsigned integers only, and ember's shifts are defined on signed ones",
-    "bitwise_right_shift": "ONNX's BitShift takes unsigned integers only (an arithmetic shift of signed ones is not it)",
-    "cumulative_prod": "ONNX has a cumulative sum but no cumulative product (a log-space sum is wrong for signs and zeros)",
-    "argsort": "ONNX's TopK does not promise the order among ties that a stable argsort gives",
-    "setitem": "not lowered yet (ScatterND would write it; duplicate positions have no defined winner there)",
-    "scatter_add": "not lowered yet (ScatterND with reduction='add' would)",
-    "cross": "not lowered yet (three slices and products would)",
-    "trace": "not lowered yet (a diagonal gather and a sum would)",
     "conv2d_input_grad": "a gradient kernel of training graphs: export forward passes",
     "conv2d_weight_grad": "a gradient kernel of training graphs: export forward passes",
     "max_pool2d_grad": "a gradient kernel of training graphs: export forward passes",
@@ -865,7 +972,7 @@ def to_model(graph, dynamic_batch: bool = False, name: str = "ember"):
         import onnx
     except ImportError:
         raise OnnxError("to_onnx: needs the onnx package (pip install 'ember[onnx]')") from None
-    b = Builder()
+    b = Builder(dynamic_batch)
     names = {}
     for input_name, node, _ in graph.inputs:
         names[node] = input_name
