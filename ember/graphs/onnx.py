@@ -190,6 +190,21 @@ def _atan(b, dtype, xs):
     return _atan64(b, xs[0]) if dtype is dt.float64 else b.node("Atan", xs)
 
 
+def _sinh64(b, x):
+    """sinh from expm1, exact for a tiny x: (e - 1/(e+1)·e)/2 with e = expm1(x), i.e. (e + e/(e+1)) / 2."""
+    e = _expm1(b, x, dt.float64)
+    return _half(b, b.node("Add", [e, b.node("Div", [e, b.node("Add", [e, _one64(b)])])]))
+
+
+def _asinh64(b, x):
+    """asinh(|x|) = log1p(|x| + x²/(1 + sqrt(1 + x²))), with x's sign."""
+    size = b.node("Abs", [x])
+    square = b.node("Mul", [x, x])
+    inner = b.node("Add", [size, b.node("Div", [square, b.node("Add", [_one64(b), b.node("Sqrt", [
+        b.node("Add", [_one64(b), square])])])])])
+    return _copysign(b, _log1p(b, inner, dt.float64), x, dt.float64)
+
+
 def _float64_decomposition(op_type, decompose):
     return lambda b, xs, ins, outs: decompose(b, xs[0]) if ins[0].dtype is dt.float64 else b.node(op_type, xs)
 
@@ -209,14 +224,13 @@ _FLOAT64 = {  # the float32-only operators of ONNX Runtime, written with float64
         "Mul", [b.node("Sub", [_one64(b), x]), b.node("Add", [_one64(b), x])])])]))),
     "acos": ("Acos", lambda b, x: b.node("Mul", [b.scalar(2.0, dt.float64), _atan64(b, b.node("Sqrt", [b.node(
         "Div", [b.node("Sub", [_one64(b), x]), b.node("Add", [_one64(b), x])])]))])),
-    "sinh": ("Sinh", lambda b, x: _half(b, b.node("Sub", [b.node("Exp", [x]), b.node("Exp", [b.node("Neg", [x])])]))),
+    "sinh": ("Sinh", lambda b, x: _sinh64(b, x)),
     "cosh": ("Cosh", lambda b, x: _half(b, b.node("Add", [b.node("Exp", [x]), b.node("Exp", [b.node("Neg", [x])])]))),
-    "asinh": ("Asinh", lambda b, x: _copysign(b, b.node("Log", [b.node("Add", [b.node("Abs", [x]), b.node("Sqrt", [b.node(
-        "Add", [b.node("Mul", [x, x]), _one64(b)])])])]), x, dt.float64)),
-    "acosh": ("Acosh", lambda b, x: b.node("Log", [b.node("Add", [x, b.node("Sqrt", [b.node(
-        "Mul", [b.node("Sub", [x, _one64(b)]), b.node("Add", [x, _one64(b)])])])])])),
-    "atanh": ("Atanh", lambda b, x: _half(b, b.node("Log", [b.node("Div", [b.node("Add", [_one64(b), x]),
-                                                                          b.node("Sub", [_one64(b), x])])]))),
+    "asinh": ("Asinh", lambda b, x: _asinh64(b, x)),
+    "acosh": ("Acosh", lambda b, x: _log1p(b, b.node("Add", [b.node("Sub", [x, _one64(b)]), b.node("Sqrt", [b.node(
+        "Mul", [b.node("Sub", [x, _one64(b)]), b.node("Add", [x, _one64(b)])])])]), dt.float64)),
+    "atanh": ("Atanh", lambda b, x: _half(b, _log1p(b, b.node("Div", [b.node("Add", [x, x]), b.node("Sub", [_one64(b), x])]),
+                                                     dt.float64))),
 }
 for _name, (_type, _decompose) in _FLOAT64.items():
     LOWERINGS[_name] = _float64_decomposition(_type, _decompose)
@@ -227,14 +241,29 @@ def _square(b, xs, ins, outs):
     return b.node("Mul", [xs[0], xs[0]])
 
 
-@lowering("expm1")
-def _expm1(b, xs, ins, outs):
-    return b.node("Sub", [b.node("Exp", xs), b.scalar(1, outs[0].dtype)])
+def _log1p(b, x, dtype):
+    """log(1 + x) without losing a tiny x (Kahan's trick: log(u) · x / (u - 1) with u = 1 + x rounded)."""
+    one = b.scalar(1, dtype)
+    u = b.node("Add", [x, one])
+    d = b.node("Sub", [u, one])
+    same = b.node("Equal", [d, b.scalar(0, dtype)])
+    exact = b.node("Div", [b.node("Mul", [b.node("Log", [u]), x]), b.node("Where", [same, one, d])])
+    return b.node("Where", [same, x, b.node("Where", [b.node("IsInf", [u]), u, exact])])
 
 
-@lowering("log1p")
-def _log1p(b, xs, ins, outs):
-    return b.node("Log", [b.node("Add", [xs[0], b.scalar(1, outs[0].dtype)])])
+def _expm1(b, x, dtype):
+    """exp(x) - 1 without losing a tiny x (Kahan's trick: (u - 1) · x / log(u) with u = exp(x) rounded)."""
+    one, zero = b.scalar(1, dtype), b.scalar(0, dtype)
+    u = b.node("Exp", [x])
+    d = b.node("Sub", [u, one])
+    log_u = b.node("Log", [u])
+    exact = b.node("Div", [b.node("Mul", [d, x]), b.node("Where", [b.node("Equal", [log_u, zero]), one, log_u])])
+    exact = b.node("Where", [b.node("Equal", [d, b.scalar(-1, dtype)]), d, exact])
+    return b.node("Where", [b.node("Equal", [d, zero]), x, b.node("Where", [b.node("IsInf", [u]), u, exact])])
+
+
+LOWERINGS["expm1"] = lambda b, xs, ins, outs: _expm1(b, xs[0], outs[0].dtype)
+LOWERINGS["log1p"] = lambda b, xs, ins, outs: _log1p(b, xs[0], outs[0].dtype)
 
 
 for _name, _base in (("log2", 2.0), ("log10", 10.0)):
@@ -317,8 +346,14 @@ def _remainder(b, xs, ins, outs):
 
 @lowering("hypot")
 def _hypot(b, xs, ins, outs):
-    (x1, x2), _ = _common(b, xs, ins)
-    return b.node("Sqrt", [b.node("Add", [b.node("Mul", [x1, x1]), b.node("Mul", [x2, x2])])])
+    (x1, x2), dtype = _common(b, xs, ins)
+    # m · sqrt(1 + (n/m)²) with m the larger magnitude: x² neither overflows nor underflows
+    a1, a2 = b.node("Abs", [x1]), b.node("Abs", [x2])
+    large, small = b.node("Max", [a1, a2]), b.node("Min", [a1, a2])
+    zero = b.node("Equal", [large, b.scalar(0, dtype)])
+    ratio = b.node("Div", [small, b.node("Where", [zero, b.scalar(1, dtype), large])])
+    scaled = b.node("Mul", [large, b.node("Sqrt", [b.node("Add", [b.scalar(1, dtype), b.node("Mul", [ratio, ratio])])])])
+    return b.node("Where", [b.node("IsInf", [large]), large, scaled])
 
 
 def _copysign(b, magnitude, sign, dtype):
@@ -620,7 +655,7 @@ def _vector_norm(b, xs, ins, outs, axis, keepdims, ord):
     axes = _axes(axis, ins[0].ndim)
     size = b.node("Abs", xs)
     if ord == 2:
-        return _reduce(b, "ReduceL2", xs[0], axes, keepdims)
+        return _reduce(b, "ReduceL2", size, axes, keepdims)  # |x|: a reduction over no axes is the identity
     if ord == 1:
         return _reduce(b, "ReduceSum", size, axes, keepdims)
     if ord == math.inf:
@@ -990,7 +1025,10 @@ def to_model(graph, dynamic_batch: bool = False, name: str = "ember"):
         if any(type(i) is int and i not in names for i in op.inputs):
             continue  # reads what a refused op would have made: only the refused op is listed
         if not row.inputs and op.name not in GAPS:
-            results = [b.const(a) for a in _as_arrays(_fold(row, op.attrs))]
+            folded = _as_arrays(_fold(row, op.attrs))
+            if row.determined == ():  # `empty`: no value is promised, and memory's leftovers never go into a file
+                folded = [np.zeros_like(a) for a in folded]
+            results = [b.const(a) for a in folded]
         elif op.name not in LOWERINGS:
             refused.append((k, op.name, GAPS.get(op.name, "no lowering")))
             continue
