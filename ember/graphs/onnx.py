@@ -428,7 +428,35 @@ def _reduce(b, op_type, x, axes, keepdims):
     return b.node(op_type, [x, b.ints(axes)], keepdims=int(keepdims))
 
 
-for _name, _type in (("sum", "ReduceSum"), ("prod", "ReduceProd")):
+def _exact_product(b, x, meta, axes, out_shape):
+    """A product of integers by halving (ONNX Runtime's ReduceProd goes through floating point and rounds
+    int64 products beyond 2^53): the reduced axes moved last and flattened, then halves multiplied."""
+    kept = [a for a in range(meta.ndim) if a not in axes]
+    size = math.prod(meta.shape[a] for a in axes)
+    if size == 0:
+        return b.const(np.ones(out_shape, dt.NUMPY[meta.dtype]))
+    flat = b.reshape(_transposed(b, x, kept + list(axes)), tuple(meta.shape[a] for a in kept) + (size,))
+    last = len(kept)
+    while size > 1:
+        half = size // 2
+        pair = b.node("Mul", [b.node("Slice", [flat, b.ints([0]), b.ints([half]), b.ints([last])]),
+                              b.node("Slice", [flat, b.ints([half]), b.ints([2 * half]), b.ints([last])])])
+        if size % 2:
+            pair = b.node("Concat", [pair, b.node("Slice", [flat, b.ints([2 * half]), b.ints([size]), b.ints([last])])],
+                          axis=last)
+        flat, size = pair, half + size % 2
+    return b.reshape(flat, out_shape)
+
+
+@lowering("prod")
+def _prod(b, xs, ins, outs, axis, dtype, keepdims):
+    x, axes = b.cast(xs[0], ins[0].dtype, dtype), _axes(axis, ins[0].ndim)
+    if dtype.kind in (dt.SIGNED, dt.UNSIGNED) and axes:
+        return _exact_product(b, x, Meta(ins[0].shape, dtype), axes, outs[0].shape)
+    return _reduce(b, "ReduceProd", x, axes, keepdims)
+
+
+for _name, _type in (("sum", "ReduceSum"),):
     LOWERINGS[_name] = (lambda op_type: lambda b, xs, ins, outs, axis, dtype, keepdims: _reduce(
         b, op_type, b.cast(xs[0], ins[0].dtype, dtype), _axes(axis, ins[0].ndim), keepdims))(_type)
 
