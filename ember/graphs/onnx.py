@@ -671,6 +671,24 @@ def _shifter(left: bool):
 LOWERINGS["bitwise_left_shift"], LOWERINGS["bitwise_right_shift"] = _shifter(True), _shifter(False)
 
 
+@lowering("matrix_power")
+def _matrix_power(b, xs, ins, outs, n):
+    """Repeated squaring, as NumPy computes it; a negative power needs an inverse, which ONNX has not."""
+    if n < 0:
+        raise NotExportable(f"matrix_power with n={n} needs a matrix inverse: ONNX has no operator for it")
+    size = ins[0].shape[-1]
+    if n == 0:
+        return b.node("Expand", [b.const(np.eye(size, dtype=dt.NUMPY[outs[0].dtype])), b.ints(outs[0].shape)])
+    result, power = None, xs[0]
+    while True:
+        if n & 1:
+            result = power if result is None else b.node("MatMul", [result, power])
+        n >>= 1
+        if not n:
+            return result if result != xs[0] else b.node("Identity", [result])
+        power = b.node("MatMul", [power, power])
+
+
 @lowering("det")
 def _det(b, xs, ins, outs):
     if ins[0].dtype is not dt.float32:
@@ -1001,9 +1019,9 @@ _COMPLEX = "complex results: ONNX Runtime computes no complex arithmetic"
 GAPS.update({name: _COMPLEX for name in ("fft", "fftn", "ifft", "ifftn", "rfft", "rfftn", "irfft", "irfftn", "hfft", "ihfft")})
 GAPS.update({name: "a data-dependent output length" for name in
              ("nonzero", "unique_values", "unique_counts", "unique_inverse", "unique_all")})
-GAPS.update({name: "a matrix factorisation or solver: ONNX has no operator for it, and unrolling one is not exact"
-             for name in ("cholesky", "inv", "slogdet", "eigh", "eigvalsh", "qr", "svd", "svdvals", "pinv", "solve",
-                          "matrix_power")})
+GAPS.update({name: "a factorisation or solver: ONNX has no operator for it (an unrolled one, with fixed pivots or "
+                   "iterations, would be another algorithm)"
+             for name in ("cholesky", "inv", "slogdet", "eigh", "eigvalsh", "qr", "svd", "svdvals", "pinv", "solve")})
 GAPS.update({
     "nextafter": "needs the bits of a float; ONNX has no bit cast",
     "conv2d_input_grad": "a gradient kernel of training graphs: export forward passes",
