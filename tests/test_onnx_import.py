@@ -165,3 +165,16 @@ def test_ember_export_round_trips(tmp_path):
         back = em.load_onnx(graph.to_onnx(tmp_path / "model.onnx"))
         expected = em.asnumpy(graph(*[em.asarray(d) for d in data]))
         np.testing.assert_allclose(em.asnumpy(back(*[em.asarray(d) for d in data])), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_file_that_is_not_a_model_and_external_data_are_refused(tmp_path):
+    from ember.graphs import GraphFormatError
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x08\x07not a protobuf at all\xff\xff")
+    with pytest.raises(GraphFormatError, match="garbage.onnx is not a valid ONNX model"):
+        em.load_onnx(garbage)
+    model = onnx.load(str(mlp_model(tmp_path / "mlp.onnx")))
+    onnx.save_model(model, str(tmp_path / "split.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    with pytest.raises(OnnxError, match="external files"):
+        em.load_onnx(tmp_path / "split.onnx", shapes={"x": (2, 3)})

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..array import Array
-from ..errors import OnnxError
+from ..errors import GraphFormatError, OnnxError
 from ..interop import asnumpy
 from ..namespace import creation, elementwise, linear_algebra, manipulation, nn, searching, statistical
 from ..namespace.data_types import astype
@@ -419,14 +419,24 @@ def load_onnx(path, shapes: dict | None = None):
     """Read the ONNX model at ``path`` as a CapturedGraph (default domain, the operators in ``IMPORTS``).
 
     ``shapes`` gives sizes for inputs whose ONNX shape is symbolic (a dynamic batch): ``{"x": (8, 3)}``.
-    OnnxError lists every operator of the model ember does not import, at once."""
+    OnnxError lists every operator of the model ember does not import, at once; GraphFormatError if the file
+    is not an ONNX model. Tensors in external files are refused, never read."""
     try:
         import onnx
         from onnx import numpy_helper
     except ImportError:
         raise OnnxError("load_onnx: needs the onnx package (pip install 'ember[onnx]')") from None
-    model = onnx.load(str(Path(path)))
+    try:  # external data would be read from paths the file names: refused, never followed
+        model = onnx.load(str(Path(path)), load_external_data=False)
+    except OSError:
+        raise
+    except Exception as error:
+        raise GraphFormatError(f"load_onnx: {path} is not a valid ONNX model: {error}") from None
     graph = model.graph
+    external = [t.name for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        raise OnnxError(f"load_onnx: {path} keeps {len(external)} tensors in external files ({external[0]!r} …); "
+                        f"ember reads self-contained models only")
     missing = sorted({(n.domain or "", n.op_type) for n in graph.node
                       if n.op_type not in IMPORTS and n.op_type != "Constant" or n.domain not in ("", "ai.onnx")})
     if missing:
