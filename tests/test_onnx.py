@@ -166,6 +166,27 @@ def test_models_match_replay(dtype):
     assert_agree(graph, [a.astype(dt.NUMPY[dtype]) for a in arrays], "attention")
 
 
+@pytest.mark.parametrize("dtype", [em.float32, em.float64])
+def test_a_conv_nets_training_step_matches_replay(dtype):
+    """Forward and backward (conv2d, max and average pooling and their gradient rows), captured by em.jit."""
+    rng = np.random.default_rng(4)
+
+    def loss(params, image):
+        w1, w2 = params
+        h = em.nn.max_pool2d(em.nn.relu(em.nn.conv2d(image, w1, padding=1)), 2)
+        h = em.nn.avg_pool2d(em.nn.conv2d(h, w2, stride=2, padding=1, groups=2), 2, padding=1)
+        return em.sum(h * h)
+
+    native = em.dtypes.NUMPY[dtype]
+    params = [rng.standard_normal((4, 3, 3, 3)).astype(native), rng.standard_normal((4, 2, 3, 3)).astype(native)]
+    image = rng.standard_normal((2, 3, 8, 8)).astype(native)
+    step = em.jit(em.value_and_grad(loss))
+    step([em.asarray(p) for p in params], em.asarray(image))
+    (graph, _), = step.graphs.values()
+    assert {"conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_grad"} <= set(graph.op_counts())
+    assert_agree(graph, [*params, image], "conv training step")
+
+
 def test_named_inputs_outputs_initializers_and_a_dynamic_batch(tmp_path):
     graph, points = spirals_forward(batch=16)
     path = graph.to_onnx(tmp_path / "spirals.onnx", dynamic_batch=True)

@@ -952,21 +952,87 @@ def _pads(padding):
     return [padding[0], padding[1], padding[0], padding[1]]
 
 
-def _windows(b, x, meta, kernel, stride, padding, dilation, groups, out_hw):
-    """The input's sliding windows as (N, groups, C/groups · kh · kw, OH · OW), by one Gather at positions
-    ember computes: how convolution and pooling run where ONNX Runtime has no float64 kernel."""
-    n, c, h, w = meta.shape
+def _window_positions(shape, kernel, stride, padding, dilation, groups, out_hw) -> np.ndarray:
+    """For an NCHW input of ``shape`` padded by ``padding``: the flat (C·Hp·Wp) position each window element
+    reads, as (groups, C/groups · kh · kw, OH · OW)."""
+    _, c, h, w = shape
     hp, wp = h + 2 * padding[0], w + 2 * padding[1]
-    padded = b.node("Pad", [x, b.ints([0, 0, padding[0], padding[1], 0, 0, padding[0], padding[1]])])
-    flat = b.reshape(padded, (n, c * hp * wp))
     channel = np.arange(c).reshape(groups, c // groups, 1, 1, 1, 1)
     i = np.arange(kernel[0]).reshape(1, 1, -1, 1, 1, 1)
     j = np.arange(kernel[1]).reshape(1, 1, 1, -1, 1, 1)
     oh = np.arange(out_hw[0]).reshape(1, 1, 1, 1, -1, 1)
     ow = np.arange(out_hw[1]).reshape(1, 1, 1, 1, 1, -1)
     positions = channel * hp * wp + (oh * stride[0] + i * dilation[0]) * wp + ow * stride[1] + j * dilation[1]
-    positions = positions.reshape(groups, (c // groups) * kernel[0] * kernel[1], out_hw[0] * out_hw[1])
-    return b.node("Gather", [flat, b.const(positions.astype(np.int64))], axis=1)
+    return positions.reshape(groups, (c // groups) * kernel[0] * kernel[1], out_hw[0] * out_hw[1]).astype(np.int64)
+
+
+def _windows(b, x, meta, kernel, stride, padding, dilation, groups, out_hw, fill=None):
+    """The input's sliding windows as (N, groups, C/groups · kh · kw, OH · OW), by one Gather at positions
+    ember computes: how convolution and pooling run where ONNX Runtime has no float64 kernel."""
+    n, c, h, w = meta.shape
+    hp, wp = h + 2 * padding[0], w + 2 * padding[1]
+    pads = b.ints([0, 0, padding[0], padding[1], 0, 0, padding[0], padding[1]])
+    padded = b.node("Pad", [x, pads] + ([] if fill is None else [b.scalar(fill, meta.dtype)]))
+    flat = b.reshape(padded, (n, c * hp * wp))
+    positions = _window_positions(meta.shape, kernel, stride, padding, dilation, groups, out_hw)
+    return b.node("Gather", [flat, b.const(positions)], axis=1)
+
+
+def _scatter_back(b, updates, positions, count, shape, padding, dtype):
+    """Add ``updates`` (N, count) at ``positions`` (N, count) of each sample's padded C·Hp·Wp; cut the padding off."""
+    n, c, h, w = shape
+    hp, wp = h + 2 * padding[0], w + 2 * padding[1]
+    rows = b.const(np.broadcast_to(np.arange(n, dtype=np.int64).reshape(n, 1, 1), (n, count, 1)).copy())
+    indices = b.node("Concat", [rows, b.node("Unsqueeze", [positions, b.ints([2])])], axis=2)
+    zeros = b.node("ConstantOfShape", [b.ints([n, c * hp * wp])],
+                   value=b.onnx.numpy_helper.from_array(np.zeros(1, dt.NUMPY[dtype])))
+    summed = b.reshape(b.node("ScatterND", [zeros, indices, updates], reduction="add"), (n, c, hp, wp))
+    return b.node("Slice", [summed, b.ints([padding[0], padding[1]]), b.ints([padding[0] + h, padding[1] + w]), b.ints([2, 3])])
+
+
+@lowering("conv2d_input_grad")
+def _conv2d_input_grad(b, xs, ins, outs, shape, stride, padding, dilation, groups):
+    """The adjoint of the window gather: each window element's share (weightᵀ @ g) added back where it was
+    read (ScatterND with reduction="add"), then the padding cut off."""
+    g, weight = xs
+    n, c, h, w = shape
+    o, _, kh, kw = ins[1].shape
+    oh, ow = ins[0].shape[2:]
+    positions = _window_positions(shape, (kh, kw), stride, padding, dilation, groups, (oh, ow)).reshape(-1)
+    if n == 0 or positions.size == 0:
+        return b.const(np.zeros(shape, dt.NUMPY[outs[0].dtype]))
+    weights = b.node("Transpose", [b.reshape(weight, (groups, o // groups, -1))], perm=[0, 2, 1])
+    shares = b.reshape(b.node("MatMul", [weights, b.reshape(g, (n, groups, o // groups, oh * ow))]), (n, positions.size))
+    every = b.const(np.broadcast_to(positions, (n, positions.size)).copy())
+    return _scatter_back(b, shares, every, positions.size, shape, padding, outs[0].dtype)
+
+
+@lowering("max_pool2d_grad")
+def _max_pool2d_grad(b, xs, ins, outs, kernel_size, stride, padding):
+    """g routed to each window's first maximum (as ember's kernels), added back where it was read."""
+    x, g = xs
+    n, c, oh, ow = ins[1].shape
+    if n * c * oh * ow == 0:
+        return b.const(np.zeros(ins[0].shape, dt.NUMPY[outs[0].dtype]))
+    windows = _windows(b, x, ins[0], kernel_size, stride, padding, (1, 1), c, (oh, ow), fill=-np.inf)  # (N, C, K, L)
+    first = b.node("ArgMax", [windows], axis=2, keepdims=1, select_last_index=0)  # (N, C, 1, L)
+    positions = _window_positions(ins[0].shape, kernel_size, stride, padding, (1, 1), c, (oh, ow))  # (C, K, L)
+    everywhere = b.node("Expand", [b.const(positions), b.ints((n,) + positions.shape)])
+    chosen = b.reshape(b.node("GatherElements", [everywhere, first], axis=2), (n, c * oh * ow))
+    return _scatter_back(b, b.reshape(g, (n, c * oh * ow)), chosen, c * oh * ow, ins[0].shape, padding, outs[0].dtype)
+
+
+@lowering("conv2d_weight_grad")
+def _conv2d_weight_grad(b, xs, ins, outs, shape, stride, padding, dilation, groups):
+    """Σ over the batch of g @ windowsᵀ, per group."""
+    x, g = xs
+    n, o, oh, ow = ins[1].shape
+    if n == 0 or oh * ow == 0:
+        return b.const(np.zeros(shape, dt.NUMPY[outs[0].dtype]))
+    columns = _windows(b, x, ins[0], shape[2:], stride, padding, dilation, groups, (oh, ow))
+    per_sample = b.node("MatMul", [b.reshape(g, (n, groups, o // groups, oh * ow)),
+                                   b.node("Transpose", [columns], perm=[0, 1, 3, 2])])
+    return b.reshape(_reduce(b, "ReduceSum", per_sample, (0,), False), shape)
 
 
 @lowering("conv2d")
@@ -1022,12 +1088,7 @@ GAPS.update({name: "a data-dependent output length" for name in
 GAPS.update({name: "a factorisation or solver: ONNX has no operator for it (an unrolled one, with fixed pivots or "
                    "iterations, would be another algorithm)"
              for name in ("cholesky", "inv", "slogdet", "eigh", "eigvalsh", "qr", "svd", "svdvals", "pinv", "solve")})
-GAPS.update({
-    "nextafter": "needs the bits of a float; ONNX has no bit cast",
-    "conv2d_input_grad": "a gradient kernel of training graphs: export forward passes",
-    "conv2d_weight_grad": "a gradient kernel of training graphs: export forward passes",
-    "max_pool2d_grad": "a gradient kernel of training graphs: export forward passes",
-})
+GAPS["nextafter"] = "needs the bits of a float; ONNX has no bit cast"
 
 
 def exportable_rows() -> list[str]:
