@@ -233,10 +233,21 @@ def test_setitem_matches_numpy(key, value_shape):
 RNG_SETITEM = np.random.default_rng(5)
 
 
+def test_a_dynamic_batch_that_an_op_fixes_is_refused():
+    with em.capture() as cap:
+        x = cap.input((8, 3), em.float64, name="x")
+        cap.output(em.exp(em.flip(x, axis=1)), name="y")
+    with pytest.raises(OnnxError, match=r"dynamic_batch: output y would keep the captured batch size 8: op0:flip fixes it"):
+        to_model(cap.graph, dynamic_batch=True)
+    to_model(cap.graph)  # without a dynamic batch it exports
+
+
 def test_a_dynamic_batch_through_reshapes():
     """Attention reshapes its heads: reshapes that keep the leading axis keep it dynamic."""
     graph, _ = attention(em.float64)
     model = to_model(graph, dynamic_batch=True)
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input]
+    assert dims == [["batch", 5, 8], [5, 5]]  # the mask does not lead with the batch size: it stays fixed
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for batch in (2, 5, 1):
         other, (tokens, mask) = attention(em.float64, batch)

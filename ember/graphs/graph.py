@@ -188,8 +188,9 @@ class CapturedGraph:
 
     def to_onnx(self, path, dynamic_batch: bool = False) -> Path:
         """Write the graph as an ONNX model (needs ``ember[onnx]``): inputs and outputs keep their
-        names, constants become initializers; ``dynamic_batch`` leaves the leading axis of inputs
-        and outputs unnamed in size. OnnxError lists every op without an ONNX form (docs/onnx.md)."""
+        names, constants become initializers. ``dynamic_batch``: inputs and outputs whose leading size is
+        the first input's get a symbolic leading axis "batch" (OnnxError names the ops that would fix it).
+        OnnxError lists every op without an ONNX form (docs/onnx.md)."""
         from .onnx import to_onnx
         return to_onnx(self, path, dynamic_batch)
 

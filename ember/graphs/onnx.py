@@ -57,6 +57,7 @@ class Builder:
         import onnx
         self.onnx = onnx
         self.dynamic_batch = dynamic_batch
+        self.op = ""  # the ember op being lowered: its nodes are named after it
         self.nodes: list = []
         self.initializers: list = []
         self._count = 0
@@ -68,7 +69,7 @@ class Builder:
     def node(self, op_type: str, inputs, outputs: int = 1, **attrs):
         names = [self.fresh(op_type.lower()) for _ in range(outputs)]
         attrs = {k: v for k, v in attrs.items() if v is not None}
-        self.nodes.append(self.onnx.helper.make_node(op_type, list(inputs), names, **attrs))
+        self.nodes.append(self.onnx.helper.make_node(op_type, list(inputs), names, name=f"{self.op}/{names[0]}", **attrs))
         return names[0] if outputs == 1 else names
 
     def const(self, value, name: str | None = None) -> str:
@@ -1141,6 +1142,7 @@ def to_model(graph, dynamic_batch: bool = False, name: str = "ember"):
             continue
         else:
             xs = [names[i] if type(i) is int else b.scalar(i[0], LITERAL_METAS[i[1]].dtype) for i in op.inputs]
+            b.op = f"op{k}:{op.name}"
             try:
                 results = LOWERINGS[op.name](b, xs, ins, outs, **op.attrs)
             except NotExportable as why:
@@ -1152,16 +1154,48 @@ def to_model(graph, dynamic_batch: bool = False, name: str = "ember"):
         listing = "; ".join(f"op {k} {name}: {why}" for k, name, why in refused)
         raise OnnxError(f"to_onnx: {len(refused)} op{'s' if len(refused) > 1 else ''} of the graph "
                         f"{'have' if len(refused) > 1 else 'has'} no ONNX form — {listing}", refused)
-    batch = "batch" if dynamic_batch else None
+    sizes = [m.shape[0] for _, _, m in graph.inputs if m.ndim]
+    size = sizes[0] if dynamic_batch and sizes else None  # the captured batch: the first input's leading size
+
+    def batch(meta):  # inputs and outputs that lead with the captured batch size lead with "batch"
+        return "batch" if size is not None and meta.ndim and meta.shape[0] == size else None
     outputs = []
     for output_name, node in graph.outputs:
         b.nodes.append(onnx.helper.make_node("Identity", [names[node]], [output_name]))
-        outputs.append(_value_info(onnx, output_name, graph.metas[node], batch if graph.metas[node].ndim else None))
-    inputs = [_value_info(onnx, n, m, batch if m.ndim else None) for n, _, m in graph.inputs]
+        outputs.append(_value_info(onnx, output_name, graph.metas[node], batch(graph.metas[node])))
+    inputs = [_value_info(onnx, n, m, batch(m)) for n, _, m in graph.inputs]
     body = onnx.helper.make_graph(b.nodes, name, inputs, outputs, initializer=b.initializers)
     model = onnx.helper.make_model(body, opset_imports=[onnx.helper.make_opsetid("", OPSET)], producer_name="ember")
     model.ir_version = min(model.ir_version, 9)  # what released ONNX Runtimes read
+    if size is not None:
+        _check_batch_stays_dynamic(onnx, model, size)
     return model
+
+
+def _check_batch_stays_dynamic(onnx, model, size: int) -> None:
+    """ONNX's shape inference (with data propagation) run over the model: a node computed from the inputs whose
+    output leads with the captured batch ``size`` bakes it in; OnnxError names the ember ops of such nodes."""
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    leading = {}
+    for info in [*inferred.input, *inferred.value_info, *inferred.output]:
+        dims = info.type.tensor_type.shape.dim
+        if dims:
+            leading[info.name] = dims[0].dim_param or dims[0].dim_value
+    from_inputs = {i.name for i in inferred.input}
+    baking = []
+    for node in inferred.node:
+        if any(i in from_inputs for i in node.input):
+            op = node.name.split("/")[0]
+            already = any(leading.get(i) == size for i in node.input if i in from_inputs)  # fixed before it
+            if any(leading.get(o) == size for o in node.output) and not already and op and op not in baking:
+                baking.append(op)
+            from_inputs.update(node.output)
+    fixed = [o.name for o in inferred.output if type(leading.get(o.name)) is int]
+    if fixed:
+        raise OnnxError(f"to_onnx: dynamic_batch: output{'s' if len(fixed) > 1 else ''} {', '.join(fixed)} would keep the "
+                        f"captured batch size {size}: {', '.join(baking) or 'an op'} fix{'es' if len(baking) < 2 else ''} "
+                        f"it (export without dynamic_batch, or capture at the batch size you run)",
+                        tuple((op, "fixes the batch size") for op in baking))
 
 
 def _fold(row, attrs):
