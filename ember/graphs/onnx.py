@@ -327,16 +327,43 @@ def _invert(b, xs, ins, outs):
 def _floor_divide(b, xs, ins, outs):
     (x1, x2), dtype = _common(b, xs, ins)
     if dtype.kind == dt.REAL:
-        return b.node("Floor", [b.node("Div", [x1, x2])])
+        return _float_floor_divide(b, x1, x2, dtype)
     # integers: ONNX's Div truncates; x1 - (x1 mod x2) is a multiple of x2, so its quotient is exact
-    return b.node("Div", [b.node("Sub", [x1, b.node("Mod", [x1, x2], fmod=0)]), x2])
+    zero, safe = _nonzero_divisor(b, x2, dtype)
+    quotient = b.node("Div", [b.node("Sub", [x1, b.node("Mod", [x1, safe], fmod=0)]), safe])
+    return b.node("Where", [zero, b.scalar(0, dtype), quotient])
+
+
+def _float_floor_divide(b, x1, x2, dtype):
+    """NumPy's (and CPython's) float floor division, from fmod: floor(x1 / x2) of the rounded quotient is off by
+    one where the quotient rounds to an integer (-1 // 0.01 is -101); x1 / x2 floored where x2 is 0 or a value
+    is infinite, as ember's kernels."""
+    zero, one = b.scalar(0, dtype), b.scalar(1, dtype)
+    mod = b.node("Mod", [x1, x2], fmod=1)
+    div = b.node("Div", [b.node("Sub", [x1, mod]), x2])
+    differ = b.node("And", [b.node("Not", [b.node("Equal", [mod, zero])]),
+                            b.node("Xor", [b.node("Less", [x2, zero]), b.node("Less", [mod, zero])])])
+    div = b.node("Where", [differ, b.node("Sub", [div, one]), div])
+    floor = b.node("Floor", [div])
+    floor = b.node("Where", [b.node("Greater", [b.node("Sub", [div, floor]), b.scalar(0.5, dtype)]),
+                             b.node("Add", [floor, one]), floor])
+    plain = b.node("Or", [b.node("Equal", [x2, zero]), b.node("Or", [b.node("IsInf", [x1]), b.node("IsInf", [x2])])])
+    return b.node("Where", [plain, b.node("Floor", [b.node("Div", [x1, x2])]), floor])
+
+
+def _nonzero_divisor(b, x2, dtype):
+    """(x2 == 0, x2 with 1 there): an integer division by zero kills ONNX Runtime's process (SIGFPE), and
+    NumPy gives 0 there."""
+    zero = b.node("Equal", [x2, b.scalar(0, dtype)])
+    return zero, b.node("Where", [zero, b.scalar(1, dtype), x2])
 
 
 @lowering("remainder")
 def _remainder(b, xs, ins, outs):
     (x1, x2), dtype = _common(b, xs, ins)
     if dtype.kind != dt.REAL:
-        return b.node("Mod", [x1, x2], fmod=0)  # the sign of the divisor, as Python's %
+        zero, safe = _nonzero_divisor(b, x2, dtype)
+        return b.node("Where", [zero, b.scalar(0, dtype), b.node("Mod", [x1, safe], fmod=0)])  # the divisor's sign
     # floats: C's fmod, moved into the divisor's sign where the signs differ
     r = b.node("Mod", [x1, x2], fmod=1)
     zero = b.scalar(0, dtype)
@@ -659,7 +686,8 @@ def _shifter(left: bool):
         bits = dtype.itemsize * 8
         zero = b.scalar(0, dtype)
         too_far = b.node("GreaterOrEqual", [y, b.scalar(bits, dtype)])
-        power = b.node("Pow", [b.scalar(2, dtype), b.node("Min", [y, b.scalar(bits - 2, dtype)])])
+        clipped = b.node("Max", [b.node("Min", [y, b.scalar(bits - 2, dtype)]), b.scalar(0, dtype)])  # never 2^-1 = 0
+        power = b.node("Pow", [b.scalar(2, dtype), clipped])
         if left:
             return b.node("Where", [too_far, zero, b.node("Mul", [x, power])])
         quotient = b.node("Div", [b.node("Sub", [x, b.node("Mod", [x, power], fmod=0)]), power])
