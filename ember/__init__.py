@@ -41,7 +41,7 @@ from .namespace.utility import *  # noqa: F403
 from .interop import asnumpy, stats, sync
 from .profiling import profile
 from .remote.server import Server, serve
-from .graphs import CapturedGraph, capture, jit, load_graph
+from .graphs import CapturedGraph, capture, jit, load_graph, load_onnx
 from .autodiff import autodiff, enable_grad, grad, is_grad_enabled, no_grad, value_and_grad
 from . import optim  # noqa: E402
 

@@ -9,6 +9,10 @@
                                    the peers ember.ray.launch runs on a Ray cluster)
     ember bench [SUITE ...]        run benchmarks, print one table of ratios
     ember top PEER [--once]        a compute peer's sessions and throughput, refreshed (its /status.json)
+    ember graph FILE [--render OUT] [--onnx OUT] [--json OUT]
+                                   summarise a saved graph (.ember, or an ONNX model); convert or draw it
+    ember graph verify FILE --on D1,D2[,…] [--inputs X.npz]
+                                   replay it on each device; name the first op whose outputs diverge
 """
 
 from __future__ import annotations
@@ -144,6 +148,38 @@ def _demo(args) -> int:
     return run(local=args.device, peer_device=args.peer_device, steps=args.steps, size=args.size, out=args.out)
 
 
+def _graph(args) -> int:
+    import numpy as np
+
+    from .errors import EmberError
+    from .graphs import load_graph, load_onnx
+    verifying = args.file == "verify"
+    path = args.verify_file if verifying else args.file
+    if path is None or (args.verify_file and not verifying):
+        print("ember graph: give one FILE, or `verify FILE --on DEVICES`", file=sys.stderr)
+        return 2
+    try:
+        graph = load_onnx(path) if path.endswith(".onnx") else load_graph(path)
+        if verifying:
+            devices = [d for d in (args.on or "").split(",") if d]
+            inputs = dict(np.load(args.inputs)) if args.inputs else None
+            report = graph.verify(devices, inputs=inputs)
+            print(report)
+            return 0 if report.ok else 1
+        print(graph)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(graph.to_json(), f, indent=1)
+            print(f"wrote {args.json}")
+        for out, write in ((args.render, graph.render), (args.onnx, graph.to_onnx)):
+            if out:
+                print(f"wrote {write(out)}")
+    except (EmberError, OSError, ValueError, KeyError) as error:
+        print(f"ember graph: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ember`` command."""
     from .remote.server import HANDSHAKE_SECONDS, IDLE_SECONDS, MAX_SESSIONS
@@ -223,6 +259,20 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer repeats: a fast, noisier run")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench.set_defaults(run=_bench)
+
+    graph = commands.add_parser("graph", help="summarise, convert, draw or verify a saved graph",
+                                description="Print a saved graph's summary (a .ember file from CapturedGraph.save, or "
+                                            "an .onnx model); write it as ONNX, JSON or a drawing. `ember graph verify "
+                                            "FILE --on numpy,torch:cpu,ember://HOST:PORT/0` replays it on each device "
+                                            "and names the first op whose outputs diverge (exit status 1).")
+    graph.add_argument("file", metavar="FILE", help="the graph file (or `verify`, then the file)")
+    graph.add_argument("verify_file", nargs="?", metavar="FILE", help=argparse.SUPPRESS)
+    graph.add_argument("--render", metavar="OUT", help="draw it: OUT.svg (needs Graphviz) or OUT.dot")
+    graph.add_argument("--onnx", metavar="OUT", help="write it as an ONNX model (needs ember[onnx])")
+    graph.add_argument("--json", metavar="OUT", help="write its readable JSON view")
+    graph.add_argument("--on", metavar="DEVICES", help="verify: comma-separated devices, the first the reference")
+    graph.add_argument("--inputs", metavar="NPZ", help="verify: input arrays by name (default: seeded random ones)")
+    graph.set_defaults(run=_graph)
     return top
 
 

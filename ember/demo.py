@@ -110,6 +110,7 @@ class Demo:
         graph.render(picture)
         self.say(f"  saved {saved} (+ .json); rendered {picture}"
                  + ("" if picture.suffix == ".svg" else " (install graphviz for an SVG)"))
+        self.onnx_step(graph, directory, (params, state, x, y), float(loss_j), em.asnumpy(params_j[0]))
         reloaded = em.load_graph(saved)
         loss_e, params_e, _ = eager(params, state, x, y)
         self.check(np.allclose(em.asnumpy(params_j[0]), em.asnumpy(params_e[0]), rtol=1e-12) and
@@ -128,6 +129,23 @@ class Demo:
         t_eager, t_jit = timed(eager), timed(jitted)
         self.say(f"  per step on the peer: eager {t_eager * 1e3:.1f} ms, jit {t_jit * 1e3:.1f} ms "
                  f"({t_eager / t_jit:.1f}x); the graph was registered once, each call sends a reference and ids")
+
+    def onnx_step(self, graph, directory: Path, args, loss: float, first_weight) -> None:
+        """The captured step as an ONNX model, run by ONNX Runtime from the same inputs (with ``ember[onnx]``)."""
+        try:
+            import onnxruntime
+        except ImportError:
+            self.say("  (pip install 'ember[onnx]' to also export the step to ONNX and run it with ONNX Runtime)")
+            return
+        from .trees import flatten
+        path = graph.to_onnx(directory / "train_step.onnx")
+        leaves: list = []
+        flatten((args, {}), leaves)
+        feeds = {name: em.asnumpy(leaf) for (name, _, _), leaf in zip(graph.inputs, leaves)}
+        outs = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+        self.say(f"  exported {path} ({len(graph.ops)} ops → ONNX opset 18); ONNX Runtime's loss {float(outs[0]):.10g}")
+        self.check(np.isclose(float(outs[0]), loss, rtol=1e-9) and np.allclose(outs[1], first_weight, rtol=1e-9, atol=1e-12),
+                   "ONNX Runtime's step equals ember's")
 
     def refusal(self) -> None:
         self.say("\n[4] Serving a capture device is refused, as a user would meet it")

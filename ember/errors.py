@@ -13,6 +13,7 @@ Python user would catch for that situation, so ``except ValueError`` keeps worki
     ├── DeviceError       (ValueError)   a bad device string, or arrays on two devices in one op
     │   └── HostDeviceError              ``serve`` asked to host a device that cannot execute
     ├── NotSupportedError (NotImplementedError) a backend declares a gap for an operation
+    │   └── OnnxError                    ops of a graph or an ONNX model without a form on the other side
     ├── ExecutionError    (RuntimeError) a kernel failed on the data (e.g. a singular matrix)
     ├── ProtocolError     (ValueError)   a malformed, oversized or refused frame
     ├── ResourceLimitError (MemoryError) a compute peer's limit on a tensor, a session's bytes or its memory
@@ -74,6 +75,15 @@ class HostDeviceError(DeviceError):
 
 class NotSupportedError(EmberError, NotImplementedError):
     """A backend declares a gap for an operation or dtype."""
+
+
+class OnnxError(NotSupportedError):
+    """A graph has ops without an ONNX form, or an ONNX model operators ember does not import;
+    ``unsupported`` lists every one of them, as ``(where, op, why)``."""
+
+    def __init__(self, message: str, unsupported: tuple = ()):
+        super().__init__(message)
+        self.unsupported = tuple(unsupported)
 
 
 class ExecutionError(EmberError, RuntimeError):

@@ -29,6 +29,12 @@ def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path):
     assert "cannot host a remote server on a capture device" in out and "exit status 2" in out
     assert (tmp_path / "train_step.ember").exists() and (tmp_path / "train_step.json").exists()
     assert (tmp_path / "train_step.svg").exists() or (tmp_path / "train_step.dot").exists()
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        assert "pip install 'ember[onnx]'" in out
+    else:
+        assert (tmp_path / "train_step.onnx").exists() and "✓ ONNX Runtime's step equals ember's" in out
     deadline = time.monotonic() + 10
     while _group_alive(demo.pid) and time.monotonic() < deadline:
         time.sleep(0.1)

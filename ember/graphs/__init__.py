@@ -14,8 +14,9 @@ from ..errors import (
 from .files import load_graph, validate
 from .graph import GRAPH_FORMAT_VERSION, CapturedGraph, format_bytes
 from .jit import Jitted, jit
+from .onnx_import import load_onnx
 from .scope import CaptureScope, capture
 
 __all__ = ["CaptureScope", "CapturedGraph", "capture", "load_graph", "validate", "jit", "Jitted", "format_bytes",
-           "GRAPH_FORMAT_VERSION", "ScopeActiveError", "OutputError", "TracedBranchError", "GraphFormatError",
+           "GRAPH_FORMAT_VERSION", "load_onnx", "ScopeActiveError", "OutputError", "TracedBranchError", "GraphFormatError",
            "ScopeClosedError", "NoValueError", "DataDependentError", "UndeclaredInputError"]

@@ -77,6 +77,12 @@ class CapturedGraph:
             raise TypeError(f"replay: missing input {missing[0]!r}")
         return [values[n] for n in names]
 
+    def verify(self, devices, inputs=None):
+        """Replay on each of ``devices`` and compare every intermediate with the first device's; the
+        report names the first op whose outputs diverge beyond the dtype's tolerance (graphs/verify.py)."""
+        from .verify import verify
+        return verify(self, devices, inputs)
+
     def constant_handles(self, engine) -> dict:
         """Constants uploaded once per engine (a graph replayed many times uploads them once)."""
         handles = self._uploads.get(engine)
@@ -179,6 +185,14 @@ class CapturedGraph:
         return path
 
     # --- files ----------------------------------------------------------------------------------
+
+    def to_onnx(self, path, dynamic_batch: bool = False) -> Path:
+        """Write the graph as an ONNX model (needs ``ember[onnx]``): inputs and outputs keep their
+        names, constants become initializers. ``dynamic_batch``: inputs and outputs whose leading size is
+        the first input's get a symbolic leading axis "batch" (OnnxError names the ops that would fix it).
+        OnnxError lists every op without an ONNX form (docs/onnx.md)."""
+        from .onnx import to_onnx
+        return to_onnx(self, path, dynamic_batch)
 
     def to_json(self) -> dict:
         """A JSON-ready description, for reading (constants are summarised, not stored)."""
