@@ -250,8 +250,8 @@ LIFTING = {
     "hypot", "log", "log10", "log1p", "log2", "logaddexp", "nextafter", "reciprocal", "sin", "sinh", "sqrt", "tan", "tanh",
     "mean", "std", "var",
     "fft", "fftn", "hfft", "ifft", "ifftn", "ihfft", "irfft", "irfftn", "rfft", "rfftn",
-    "cholesky", "det", "eig", "eigh", "eigvals", "eigvalsh", "inv", "matrix_norm", "pinv", "qr", "slogdet", "solve", "svd", "svdvals",
-    "vector_norm",
+    "cholesky", "det", "eig", "eigh", "eigvals", "eigvalsh", "inv", "matrix_norm", "pinv", "qr", "slogdet", "solve", "svd",
+    "svdvals", "vector_norm",
     "gelu", "log_softmax", "relu", "sigmoid", "silu", "softmax",
 }
 
