@@ -437,6 +437,14 @@ def _all_any(any_: bool):
 LOWERINGS["all"], LOWERINGS["any"] = _all_any(False), _all_any(True)
 
 
+@lowering("isin")
+def _isin(b, xs, ins, outs, invert):
+    """x1[..., None] == flattened x2, then whether any matched (an empty x2 matches nothing)."""
+    matches = b.node("Equal", [b.node("Unsqueeze", [xs[0], b.ints([-1])]), b.reshape(xs[1], (-1,))])
+    counts = reduce(b, "ReduceSum", b.cast(matches, dt.bool_, dt.int64), [ins[0].ndim], False)
+    return b.node("LessOrEqual" if invert else "Greater", [counts, b.scalar(0, dt.int64)])
+
+
 @lowering("count_nonzero")
 def _count_nonzero(b, xs, ins, outs, axis, keepdims):
     nonzero = b.cast(b.cast(xs[0], ins[0].dtype, dt.bool_), dt.bool_, outs[0].dtype)
