@@ -65,6 +65,27 @@ def _unique_integer_arrays(key):
     return no_integer_arrays or len(arrays) == 1 and len(np.unique(arrays[0])) == arrays[0].size
 
 
+_I, _S = np.array([[2, 0], [1, 3]]), slice(None)
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+@pytest.mark.parametrize("key", [(_S, 1, _S, _I), (_S, _I, _S, -1), (_S, 1, _I, _S), (_S, _I, 2, _S), (0, _S, _I, _S),
+                                 (_I, _S, _S, 1), (_S, _I, _S, _I), (_S, _S, 0, _I)],
+                         ids=["s1si", "sisi", "s1is", "si2s", "0sis", "iss1", "sisi2", "ss0i"])
+def test_integers_count_as_index_arrays_for_where_the_arrays_dimensions_go(device_name, key):
+    """NumPy's rule: with an index array in the key, an integer is advanced too; advanced items that stand apart put the
+    broadcast dimensions first, together they put them where the first one stands (random keys rarely draw these)."""
+    host = np.arange(4 * 5 * 4 * 4).reshape(4, 5, 4, 4)
+    x = em.asarray(host, device=device_name)
+    result = x[to_ember_key(key, device_name)]
+    assert result.shape == host[key].shape
+    np.testing.assert_array_equal(em.asnumpy(result), host[key])
+    expected = host.copy()
+    expected[key] = -1
+    x[to_ember_key(key, device_name)] = em.asarray(np.full(host[key].shape, -1), device=device_name)
+    np.testing.assert_array_equal(em.asnumpy(x), expected)
+
+
 @pytest.mark.parametrize("device_name", LOCAL_DEVICES)
 @settings(max_examples=200)
 @given(case=host_and_key(), data=st.data())

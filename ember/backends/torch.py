@@ -40,9 +40,13 @@ def _scalars_as_tensors(function):
 
 def _native_key(x, key, arrays):
     """``(axes to flip, torch key)`` for ember's key template. Torch has no negative-step
-    slices: those axes are flipped and the slice mirrored. Integers become 0-d tensors beside index arrays, so
-    they count as advanced indices as in NumPy."""
+    slices: those axes are flipped and the slice mirrored. Beside index arrays, integers (and 0-d index arrays)
+    count as advanced indices in NumPy, which decides where the arrays' dimensions go; torch takes an integer or a
+    0-d tensor as a basic index, so they become tensors of the arrays' broadcast shape."""
     has_arrays = any(type(item) is tuple and item[0] == "a" for item in key)
+    integer_arrays = [arrays[item[1]] for item in key if type(item) is tuple and item[0] == "a"
+                      and arrays[item[1]].dtype != torch.bool]
+    broadcast = torch.broadcast_shapes(*(a.shape for a in integer_arrays)) if integer_arrays else ()
     ndim = x.ndim
     consumed = sum(arrays[item[1]].ndim if type(item) is tuple and item[0] == "a" and arrays[item[1]].dtype == torch.bool
                    else 0 if item is None or item == "..." else 1 for item in key)
@@ -65,7 +69,7 @@ def _native_key(x, key, arrays):
             if index.dtype == torch.bool and index.shape != x.shape[dim:dim + index.ndim]:
                 # a mask with a 0-long axis selects nothing (the standard allows it; torch refuses the shape)
                 index = torch.zeros(x.shape[dim:dim + index.ndim], dtype=torch.bool, device=x.device)
-            out.append(index)
+            out.append(index.expand(broadcast) if index.ndim == 0 and index.dtype != torch.bool else index)
             dim += index.ndim if index.dtype == torch.bool else 1
         elif item is None:
             out.append(None)
@@ -73,7 +77,7 @@ def _native_key(x, key, arrays):
             out.append(Ellipsis)
             dim += ndim - consumed
         else:
-            out.append(torch.tensor(item, device=x.device) if has_arrays else item)
+            out.append(torch.tensor(item, device=x.device).expand(broadcast) if has_arrays else item)
             dim += 1
     return flips, tuple(out)
 

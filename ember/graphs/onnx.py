@@ -135,7 +135,8 @@ GAPS.update({name: "a factorisation or solver: ONNX has no operator for it (an u
                    "iterations, would be another algorithm)"
              for name in ("cholesky", "inv", "slogdet", "eigh", "eigvalsh", "qr", "svd", "svdvals", "pinv", "solve")})
 GAPS["nextafter"] = "needs the bits of a float; ONNX has no bit cast"
-GAPS.update({name: "a general eigendecomposition: complex results, and ONNX has no operator for it" for name in ("eig", "eigvals")})
+GAPS.update({name: "a general eigendecomposition: complex results, and ONNX has no operator for it"
+             for name in ("eig", "eigvals")})
 
 
 def exportable_rows() -> list[str]:
