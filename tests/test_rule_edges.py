@@ -92,6 +92,18 @@ def test_linear_refusals_name_the_shapes_they_expect():
         em.nn.linear(x, em.zeros((5, 4)), em.zeros((4,)))
 
 
+@pytest.mark.parametrize("name", ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fftn", "ifftn", "rfftn", "irfftn"])
+def test_transforms_take_numpys_default_lengths(name):
+    """_one_axis/_many_axes fill in n and s before any backend sees them (irfft's 2(m - 1)), so backends agree with
+    each other whatever the default: NumPy is the reference for it."""
+    host = np.random.default_rng(0).standard_normal((3, 5))
+    if name in ("irfft", "hfft", "irfftn", "ifft", "fft", "fftn", "ifftn"):
+        host = host + 1j * np.random.default_rng(1).standard_normal((3, 5))
+    ours, theirs = getattr(em.fft, name)(em.asarray(host)), getattr(np.fft, name)(host)
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(em.asnumpy(ours), theirs, rtol=1e-12, atol=1e-12)
+
+
 def test_stack_and_setitem_refusals_list_what_they_compare():
     with pytest.raises(ShapeError, match=r"^stack: arrays must share one shape, got \(2,\), \(3,\)$"):
         em.stack([em.zeros(2), em.zeros(3)])
