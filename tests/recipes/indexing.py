@@ -37,9 +37,11 @@ def _take_along_examples(g):
     shape = g.shape(min_dims=1, min_side=1)
     axis = g.integer(-len(shape), len(shape) - 1)
     n = shape[axis]
-    # beside the axis, indices match x or broadcast against it from a side of 1
-    ishape = tuple(g.integer(0, 3) if i == axis % len(shape) else g.choice([s, 1]) for i, s in enumerate(shape))
-    return (g.array(shape, g.dtype("any")), g.array(ishape, dt.int64, low=-n, high=n - 1)), {"axis": axis}
+    # beside the axis, x and indices match, or either has a side of 1 that broadcasts against the other's
+    sides = [None if i == axis % len(shape) else g.choice([(s, s), (s, 1), (1, s)]) for i, s in enumerate(shape)]
+    xshape = tuple(s if side is None else side[0] for s, side in zip(shape, sides))
+    ishape = tuple(g.integer(0, 3) if side is None else side[1] for side in sides)
+    return (g.array(xshape, g.dtype("any")), g.array(ishape, dt.int64, low=-n, high=n - 1)), {"axis": axis}
 
 
 def _scatter_add_examples(g):
