@@ -259,7 +259,16 @@ def _take(b, xs, ins, outs, axis):
 
 @lowering("take_along_axis")
 def _take_along_axis(b, xs, ins, outs, axis):
-    return b.node("GatherElements", xs, axis=axis % ins[0].ndim)
+    """GatherElements, after x and the indices are broadcast against each other beside the axis (it does not)."""
+    axis = axis % ins[0].ndim
+    shape = list(outs[0].shape)
+    x_shape = tuple(shape[:axis] + [ins[0].shape[axis]] + shape[axis + 1:])
+    x, indices = xs
+    if ins[0].shape != x_shape:
+        x = b.node("Expand", [x, b.ints(x_shape)])
+    if ins[1].shape != outs[0].shape:
+        indices = b.node("Expand", [indices, b.ints(outs[0].shape)])
+    return b.node("GatherElements", [x, indices], axis=axis)
 
 
 @lowering("embedding")
