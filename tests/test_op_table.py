@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, reject
 from hypothesis import strategies as st
 
 import ember as em
@@ -258,6 +258,28 @@ LIFTING = {
 
 def test_the_rows_that_lift_are_those_listed():
     assert {name for name, op in OPS.items() if op.lift} == LIFTING
+
+
+MATRIX_ROWS = sorted(name for name, op in OPS.items()
+                     if op.family == "linalg" and op.inputs == ("x",) and op.lift and REQUIRED not in op.attrs.values())
+
+
+@pytest.mark.parametrize("name", MATRIX_ROWS)
+@given(data=st.data())
+def test_only_rows_marked_symmetric_read_just_one_triangle(name, data):
+    """``Op.symmetric_input`` (cholesky, eigh, eigvalsh: a Hermitian matrix read from one triangle) tells the gradient
+    tests to draw symmetric inputs: a row with it ignores a change in one of the triangles, a row without it in neither."""
+    op, attrs = OPS[name], {}  # the defaults: the Frobenius norm sees every entry
+    n = data.draw(st.integers(2, 4))
+    a = np.random.default_rng(n).standard_normal((n, n))
+    x = a @ a.T + n * np.eye(n)  # dense, symmetric and positive definite: every row's input
+    upper = np.triu(np.ones((n, n)), 1) * 0.25
+    try:
+        outs = [run(op, em.device("numpy"), (a,), attrs) for a in (x, x + upper, x + upper.T)]
+    except EmberError:  # a singular matrix, say
+        reject()
+    unchanged = [all(np.array_equal(em.asnumpy(a), em.asnumpy(b)) for a, b in zip(outs[0], other)) for other in outs[1:]]
+    assert any(unchanged) == op.symmetric_input, name
 
 
 def _namespace_function(name):
