@@ -40,20 +40,24 @@ def test_every_row_has_a_gradient_rule_or_says_why_not():
 @pytest.mark.parametrize("name", [name for name, op in OPS.items()
                                   if op.family == "elementwise binary" and callable(op.grad) and name in DIFFERENTIABLE])
 @pytest.mark.parametrize("side", [0, 1])
-def test_a_python_scalar_operand_gives_the_gradient_a_zero_d_array_gives(name, side):
-    """``2.0 ** x``, ``x - 1.5``: a rule meets a Python scalar where an array usually is, and takes no gradient for it."""
-    function = getattr(em, name)
-    values = np.array([0.7, 1.3, 2.2])
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_python_scalar_operand_gives_the_gradient_a_zero_d_array_gives(name, side, device_name, dtype):
+    """``2.0 ** x``, ``x - 1.5``: a rule meets a Python scalar where an array usually is, and takes no gradient for it;
+    the gradient is the one a 0-d array of x's dtype on x's device gives, bit for bit."""
+    function, device = getattr(em, name), em.autodiff(device_name)
+    values = np.array([0.7, 1.3, 2.2], dtype=dtype)
     grads = []
-    for scalar in (1.5, em.asarray(1.5)):
-        x = em.asarray(values, device=em.autodiff("numpy")).requires_grad_()
+    for scalar in (1.5, em.asarray(1.5, dtype=getattr(em, dtype), device=device_name)):
+        x = em.asarray(values, device=device).requires_grad_()
         operands = (scalar, x) if side == 0 else (x, scalar)
         em.sum(function(*operands)).backward()
         grads.append(None if x.grad is None else em.asnumpy(x.grad))  # nextafter: none for x2
     if grads[1] is None:
         assert grads[0] is None
     else:
-        np.testing.assert_allclose(grads[0], grads[1], rtol=1e-12)
+        assert grads[0].dtype == grads[1].dtype == dtype
+        np.testing.assert_array_equal(grads[0], grads[1])
 
 
 @pytest.mark.parametrize("name", [name for name, op in OPS.items() if isinstance(op.grad, NotDifferentiable)])
