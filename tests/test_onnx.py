@@ -233,6 +233,19 @@ def test_setitem_matches_numpy(key, value_shape):
 RNG_SETITEM = np.random.default_rng(5)
 
 
+def test_means_over_a_dynamic_batch_divide_by_its_size(tmp_path):
+    """mean, var and std over the batch axis count the batch when the model runs, not the captured size."""
+    with em.capture() as cap:
+        x = cap.input((8, 3), em.float64, name="x")
+        cap.output(em.mean(x, axis=0) + em.var(x, axis=0, correction=1) + em.std(x), name="y")
+    path = cap.graph.to_onnx(tmp_path / "means.onnx", dynamic_batch=True)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch in (8, 5, 2):
+        host = np.random.default_rng(batch).standard_normal((batch, 3))
+        (out,) = session.run(None, {"x": host})
+        np.testing.assert_allclose(out, host.mean(axis=0) + host.var(axis=0, ddof=1) + host.std(), rtol=1e-12)
+
+
 def test_a_dynamic_batch_that_an_op_fixes_is_refused():
     with em.capture() as cap:
         x = cap.input((8, 3), em.float64, name="x")

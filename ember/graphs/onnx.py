@@ -115,9 +115,14 @@ def reduce(b, op_type, x, axes, keepdims):
 
 
 def mean_of(b, x, meta, axes, keepdims, correction=0):
-    """A sum divided by the count: NaN over nothing, as NumPy (ONNX's ReduceMean gives 0 there)."""
-    count = math.prod(meta.shape[a] for a in axes)
+    """A sum divided by the count: NaN over nothing, as NumPy (ONNX's ReduceMean gives 0 there). With a dynamic
+    batch the count is taken from x's shape when the model runs (a mean over the batch divides by its size)."""
     total = reduce(b, "ReduceSum", x, axes, keepdims)
+    if b.dynamic_batch and axes:
+        dims = b.node("Gather", [b.node("Shape", [x]), b.ints(axes)], axis=0)
+        count = b.cast(reduce(b, "ReduceProd", dims, [0], False), dt.int64, meta.dtype)
+        return b.node("Div", [total, b.node("Sub", [count, b.scalar(correction, meta.dtype)]) if correction else count])
+    count = math.prod(meta.shape[a] for a in axes)
     return b.node("Div", [total, b.scalar(count - correction if count else math.nan, meta.dtype)])
 
 
@@ -237,7 +242,7 @@ def _check_batch_stays_dynamic(onnx, model, size: int) -> None:
             if any(leading.get(o) == size for o in node.output) and not already and op and op not in baking:
                 baking.append(op)
             from_inputs.update(node.output)
-    fixed = [o.name for o in inferred.output if type(leading.get(o.name)) is int]
+    fixed = [o.name for o in inferred.output if leading.get(o.name) == size]  # an output reduced over the batch has none
     if fixed:
         raise OnnxError(f"to_onnx: dynamic_batch: output{'s' if len(fixed) > 1 else ''} {', '.join(fixed)} would keep the "
                         f"captured batch size {size}: {', '.join(baking) or 'an op'} fix{'es' if len(baking) < 2 else ''} "
