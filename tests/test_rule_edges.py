@@ -104,6 +104,25 @@ def test_transforms_take_numpys_default_lengths(name):
     np.testing.assert_allclose(em.asnumpy(ours), theirs, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.skipif(not torch_available(), reason="torch is not installed")
+@pytest.mark.parametrize("name", ["fftn", "ifftn", "rfftn", "irfftn"])
+def test_n_dimensional_transform_gradients_over_three_axes(name):
+    """_fftn_grad, _rfftn_grad, _irfftn_grad: the leading axes' transforms undone over every axis but the last (with two
+    axes "all but the last" is also "the first"), against torch.autograd."""
+    import torch
+    rng = np.random.default_rng(3)
+    re, im = rng.standard_normal((2, 2, 3, 4))
+    weights = rng.standard_normal(getattr(np.fft, name)(re + 1j * im if name != "rfftn" else re).shape)
+    x, y = (em.asarray(v, device=em.autodiff("numpy")).requires_grad_() for v in (re, im))
+    z = torch.tensor(re if name == "rfftn" else re + 1j * im, requires_grad=True)
+    out = getattr(torch.fft, name)(z)
+    torch.sum((out.real if out.is_complex() else out) * torch.tensor(weights)).backward()
+    ours = getattr(em.fft, name)(x if name == "rfftn" else x + y * 1j)
+    em.sum((em.real(ours) if ours.dtype in (em.complex64, em.complex128) else ours) * em.asarray(weights)).backward()
+    grad = em.asnumpy(x.grad) + (0 if name == "rfftn" else 1j * em.asnumpy(y.grad))
+    np.testing.assert_allclose(grad, z.grad.resolve_conj().numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_stack_and_setitem_refusals_list_what_they_compare():
     with pytest.raises(ShapeError, match=r"^stack: arrays must share one shape, got \(2,\), \(3,\)$"):
         em.stack([em.zeros(2), em.zeros(3)])
