@@ -10,6 +10,7 @@ convention (the gradient of a real loss is dL/dRe z + i·dL/dIm z).
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from . import dtypes as dt
 from .array import Array, _new_array
@@ -196,14 +197,14 @@ def _inner_device(node, gs) -> Device:
 
 # --- the functional API ----------------------------------------------------------------------------------
 
-_tracing = [0]  # how many grad functions are running their function now
+_tracing = threading.local()  # .depth: how many grad functions are running their function now, in this thread
 
 
 def _track(x) -> Array:
     """A fresh leaf requiring grad over x's value, on autodiff(x's device)."""
     if not isinstance(x, Array):
         raise DTypeError(f"grad: differentiated arguments must be ember arrays (or containers of them), got {type(x).__name__}")
-    if _tracing[0] and getattr(x._handle, "requires_grad", False):
+    if getattr(_tracing, "depth", 0) and getattr(x._handle, "requires_grad", False):
         # the inner grad would differentiate a detached copy: the outer gradient would be a silent zero
         raise NotSupportedError("grad: higher-order gradients are not supported: this grad runs inside another and "
                                 "differentiates a value the outer one tracks")
@@ -230,12 +231,12 @@ def value_and_grad(function, argnums=0, has_aux: bool = False):
             ad = [_track(leaf) for leaf in leaves]
             tracked[i] = (structure, ad)
             args[i] = unflatten(structure, ad)
-        _tracing[0] += 1
+        _tracing.depth = getattr(_tracing, "depth", 0) + 1
         try:
             with enable_grad():
                 out = function(*args, **kwargs)
         finally:
-            _tracing[0] -= 1
+            _tracing.depth -= 1
         value, aux = out if has_aux else (out, None)
         if not isinstance(value, Array) or value.size != 1:
             raise EmberError(f"grad: the function must return a scalar array, got "
