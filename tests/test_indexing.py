@@ -65,13 +65,16 @@ def _unique_integer_arrays(key):
     return no_integer_arrays or len(arrays) == 1 and len(np.unique(arrays[0])) == arrays[0].size
 
 
-_I, _S = np.array([[2, 0], [1, 3]]), slice(None)
+_I, _S, _E = np.array([[2, 0], [1, 3]]), slice(None), Ellipsis
+_M = np.arange(20).reshape(4, 5) % 3 == 0  # a 2-d mask takes two axes
 
 
 @pytest.mark.parametrize("device_name", LOCAL_DEVICES)
 @pytest.mark.parametrize("key", [(_S, 1, _S, _I), (_S, _I, _S, -1), (_S, 1, _I, _S), (_S, _I, 2, _S), (0, _S, _I, _S),
-                                 (_I, _S, _S, 1), (_S, _I, _S, _I), (_S, _S, 0, _I)],
-                         ids=["s1si", "sisi", "s1is", "si2s", "0sis", "iss1", "sisi2", "ss0i"])
+                                 (_I, _S, _S, 1), (_S, _I, _S, _I), (_S, _S, 0, _I),
+                                 (1, _I, _E), (_E, 2, _I), (_M, _E), (_M, _E, 1), (_E, _M[:, :4].T)],
+                         ids=["s1si", "sisi", "s1is", "si2s", "0sis", "iss1", "sisi2", "ss0i",
+                              "1ie", "e2i", "me", "me1", "em"])
 def test_integers_count_as_index_arrays_for_where_the_arrays_dimensions_go(device_name, key):
     """NumPy's rule: with an index array in the key, an integer is advanced too; advanced items that stand apart put the
     broadcast dimensions first, together they put them where the first one stands (random keys rarely draw these)."""
