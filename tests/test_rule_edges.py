@@ -124,6 +124,9 @@ def test_n_dimensional_transform_gradients_over_three_axes(name):
 
 
 def test_stack_and_setitem_refusals_list_what_they_compare():
+    aligned = r"^matmul: shapes \(2, 3\) and \(2, 4, 5\) are not aligned \(3 \(dim 1\) != 4 \(dim 1\)\)$"
+    with pytest.raises(ShapeError, match=aligned):
+        em.matmul(em.zeros((2, 3)), em.zeros((2, 4, 5)))
     with pytest.raises(ShapeError, match=r"^stack: arrays must share one shape, got \(2,\), \(3,\)$"):
         em.stack([em.zeros(2), em.zeros(3)])
     # x[key] = value casts the value first; a record from a graph file or a client reaches the row as it is
