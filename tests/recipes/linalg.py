@@ -152,7 +152,7 @@ BRANCHES = {
 }
 
 BAD_EXAMPLES = {
-    "matmul": _misaligned,
+    "matmul": [_misaligned, _bad([(3, 4), ()], {}, ShapeError), _bad([(2, 3, 4), (3, 4, 5)], {}, ShapeError)],
     "tensordot": [_bad([(2, 3), (4, 2)], {"axes": 1}, ShapeError), _bad([(2, 3), (3, 2)], {"axes": -1}, AxisError),
                   _bad([(2, 3), (3,)], {"axes": 2}, AxisError), _bad([(2, 3), (3, 2)], {"axes": 1.5}, ArgumentError),
                   _bad([(2, 3), (3, 2)], {"axes": ((0, 1), (0,))}, ArgumentError)],

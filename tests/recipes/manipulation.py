@@ -143,6 +143,7 @@ BAD_EXAMPLES = {
     "permute_dims": [_bad([(2, 3)], {"axes": (0, 0)}, AxisError), _bad([(2, 3)], {"axes": (0,)}, AxisError),
                      _bad([(2, 3)], {"axes": (0, -2)}, AxisError), _bad([(2, 3)], {"axes": (-3, 0)}, AxisError)],
     "repeat": [_bad([(2, 3)], {"repeats": -1, "axis": 0}, ArgumentError),
+               _bad([(2, 3)], {"repeats": 1.5, "axis": 0}, ArgumentError),
                _bad([(2, 3)], {"repeats": (1, -1), "axis": 0}, ArgumentError),
                _bad([(2, 3)], {"repeats": (1, 2), "axis": 1}, ShapeError)],
     "reshape": [_bad([(2, 3)], {"shape": (4,), "copy": None}, ShapeError),

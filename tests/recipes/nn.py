@@ -148,6 +148,7 @@ _POOL_REFUSALS = [_bad([(1, 1, 2, 2)], {**_POOL, "kernel_size": 3}, ShapeError),
                   _bad([(1, 1, 4, 4)], {**_POOL, "kernel_size": 0}, ArgumentError),
                   _bad([(1, 1, 4, 4)], {**_POOL, "stride": (1, 0)}, ArgumentError),
                   _bad([(1, 1, 4, 4)], {**_POOL, "padding": 2}, ArgumentError),
+                  _bad([(1, 1, 4, 4)], {**_POOL, "kernel_size": 4, "padding": (0, 3)}, ArgumentError),  # one side only
                   _bad([(1, 1, 4, 4)], {**_POOL, "kernel_size": (2, 2, 2)}, ArgumentError)]
 _ATTENTION = {"is_causal": False, "scale": None}
 
@@ -174,7 +175,8 @@ BAD_EXAMPLES.update({
                _bad([(1, 3, 4, 2), (2, 3, 3, 3)], _CONV, ShapeError),
                _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "stride": 0}, ArgumentError),
                _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "padding": (0, -1)}, ArgumentError),
-               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "dilation": "2"}, ArgumentError)],
+               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "dilation": "2"}, ArgumentError),
+               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "groups": 1.5}, ArgumentError)],
     "max_pool2d": _POOL_REFUSALS,
     "avg_pool2d": _POOL_REFUSALS,
     "scaled_dot_product_attention": [_bad([(2, 3), (2, 4), (2, 4)], _ATTENTION, ShapeError),
