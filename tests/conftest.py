@@ -27,6 +27,20 @@ def torch_available() -> bool:
     return True
 
 
+def assert_takes_pytorchs_subgradient(ember_function, torch_function, point) -> None:
+    """d sum(f(x)) / dx at ``point`` by ember's autodiff equals PyTorch's (float64, rtol 1e-12): the reference where
+    finite differences cannot judge (kinks, ties, 0/0)."""
+    import numpy as np
+    import torch
+
+    import ember as em
+    x = em.asarray(point, device=em.autodiff("numpy")).requires_grad_()
+    t = torch.tensor(point, dtype=torch.float64, requires_grad=True)
+    em.sum(ember_function(x)).backward()
+    torch.sum(torch_function(t)).backward()
+    np.testing.assert_allclose(em.asnumpy(x.grad), t.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
 def jax_available() -> bool:
     try:
         import jax  # noqa: F401

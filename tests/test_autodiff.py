@@ -19,7 +19,7 @@ from ember.ops import NO_GRADIENT, OPS
 from ember.ops.gradients import NotDifferentiable
 from ember.ops.table import Meta
 
-from .conftest import LOCAL_DEVICES, given_data_per_device, torch_available
+from .conftest import LOCAL_DEVICES, assert_takes_pytorchs_subgradient, given_data_per_device, torch_available
 from .generators import Drawer
 from .peers import Peer
 from .recipes import EXAMPLES, branches
@@ -435,10 +435,4 @@ def _kinks():
                                                  "complex pow exponent"])
 def test_gradients_at_kinks_take_pytorchs_subgradient(case):
     """Where finite differences cannot judge (a kink, 0/0), ember takes the subgradient PyTorch takes."""
-    import torch
-    ember_function, torch_function, point = _kinks()[case]
-    x = em.asarray(point, device=em.autodiff("numpy")).requires_grad_()
-    t = torch.tensor(point, dtype=torch.float64, requires_grad=True)
-    em.sum(ember_function(x)).backward()
-    torch.sum(torch_function(t)).backward()
-    np.testing.assert_allclose(em.asnumpy(x.grad), t.grad.numpy(), rtol=1e-12, atol=1e-15)
+    assert_takes_pytorchs_subgradient(*_kinks()[case])

@@ -15,7 +15,7 @@ from ember.array import bind
 from ember.errors import DTypeError, NotSupportedError, ShapeError
 from ember.ops import OPS
 
-from .conftest import torch_available
+from .conftest import assert_takes_pytorchs_subgradient, torch_available
 
 
 @pytest.mark.parametrize(("start", "stop", "dtype"), [(0, 128, "int8"), (-128, 0, "int8"), (250, 256, "uint8")])
@@ -222,10 +222,4 @@ def _ties():
                                                  "max ties kept dims", "stable sort ties"])
 def test_gradients_at_ties_take_pytorchs_subgradient(case):
     """Ties share the gradient evenly (PyTorch's amax); a zero vector and gelu at 0 take PyTorch's values."""
-    import torch
-    ember_function, torch_function, point = _ties()[case]
-    x = em.asarray(point, device=em.autodiff("numpy")).requires_grad_()
-    t = torch.tensor(point, dtype=torch.float64, requires_grad=True)
-    em.sum(ember_function(x)).backward()
-    torch.sum(torch_function(t)).backward()
-    np.testing.assert_allclose(em.asnumpy(x.grad), t.grad.numpy(), rtol=1e-12, atol=1e-15)
+    assert_takes_pytorchs_subgradient(*_ties()[case])

@@ -44,9 +44,8 @@ def _native_key(x, key, arrays):
     count as advanced indices in NumPy, which decides where the arrays' dimensions go; torch takes an integer or a
     0-d tensor as a basic index, so they become tensors of the arrays' broadcast shape."""
     has_arrays = any(type(item) is tuple and item[0] == "a" for item in key)
-    integer_arrays = [arrays[item[1]] for item in key if type(item) is tuple and item[0] == "a"
-                      and arrays[item[1]].dtype != torch.bool]
-    broadcast = torch.broadcast_shapes(*(a.shape for a in integer_arrays)) if integer_arrays else ()
+    broadcast = torch.broadcast_shapes(*(arrays[item[1]].shape for item in key if type(item) is tuple and item[0] == "a"
+                                         and arrays[item[1]].dtype != torch.bool)) if has_arrays else ()
     ndim = x.ndim
     consumed = sum(arrays[item[1]].ndim if type(item) is tuple and item[0] == "a" and arrays[item[1]].dtype == torch.bool
                    else 0 if item is None or item == "..." else 1 for item in key)
