@@ -83,6 +83,10 @@ def test_cross_entropy(device, rng, n, c, reduction):
     assert_close(em.nn.cross_entropy(*on(device, logits, target), reduction=reduction), REDUCE[reduction](per_row))
     if reduction == "mean":
         assert_close(em.nn.cross_entropy(*on(device, logits, target)), per_row.mean())  # the default
+    # the gradient: softmax minus the one-hot target, per row, over N for the mean
+    x = em.asarray(logits, device=em.autodiff(device)).requires_grad_()
+    em.sum(em.nn.cross_entropy(x, em.asarray(target, device=x.device), reduction=reduction)).backward()
+    assert_close(x.grad, (softmax_ref(logits, 1) - np.eye(c)[target]) / (n if reduction == "mean" else 1))
 
 
 @pytest.mark.parametrize("reduction", REDUCE)

@@ -92,6 +92,17 @@ def test_linear_refusals_name_the_shapes_they_expect():
         em.nn.linear(x, em.zeros((5, 4)), em.zeros((4,)))
 
 
+def test_window_refusals_name_the_side_and_the_shapes():
+    """_out_size names the side that does not fit (height or width) and the shapes it had: the input's, and the
+    weight's for a convolution (a pool has none)."""
+    with pytest.raises(ShapeError, match=r"^max_pool2d: the height window does not fit input \(1, 1, 2, 5\): "
+                                         r"size 2, kernel 3, padding 0, dilation 1$"):
+        em.nn.max_pool2d(em.zeros((1, 1, 2, 5)), 3)
+    with pytest.raises(ShapeError, match=r"^conv2d: the width window does not fit input \(1, 1, 5, 2\) and weight "
+                                         r"\(1, 1, 3, 3\): size 2, kernel 3, padding 0, dilation 1$"):
+        em.nn.conv2d(em.zeros((1, 1, 5, 2)), em.zeros((1, 1, 3, 3)))
+
+
 @pytest.mark.parametrize("name", ["fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fftn", "ifftn", "rfftn", "irfftn"])
 def test_transforms_take_numpys_default_lengths(name):
     """_one_axis/_many_axes fill in n and s before any backend sees them (irfft's 2(m - 1)), so backends agree with

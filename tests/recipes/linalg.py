@@ -89,7 +89,9 @@ def _distinct_eigenvalues(g):
 def _solve_examples(g):
     (a,), _ = _well_conditioned(g)
     n = a.shape[-1]
-    b = g.array(g.choice([(n,), a.shape[:-1] + (g.integer(1, 3),)]), g.dtype_of(a), low=-3, high=3)
+    # b a vector, a stack of matrices with a's batch, or one with more batch dimensions than a (broadcast)
+    b = g.array(g.choice([(n,), a.shape[:-1] + (g.integer(1, 3),), (2,) + a.shape[:-1] + (g.integer(1, 3),)]),
+                g.dtype_of(a), low=-3, high=3)
     return (a, b), {}
 
 

@@ -71,7 +71,7 @@ def _permute_examples(g):
 def _repeat_examples(g):
     shape = g.shape(min_dims=1)
     axis = g.integer(0, len(shape) - 1)
-    repeats = g.choice([g.integer(0, 3), tuple(g.integer(0, 3) for _ in range(shape[axis]))])
+    repeats = g.choice([g.integer(0, 3), (g.integer(0, 3),), tuple(g.integer(0, 3) for _ in range(shape[axis]))])
     return (g.array(shape, g.dtype("any")),), {"repeats": repeats, "axis": axis}
 
 

@@ -72,9 +72,12 @@ def _conv_examples(g):
     groups = g.choice([1, 1, 2])
     c, o = groups * g.integer(1, 2), groups * g.integer(1, 2)
     kh, kw = g.integer(1, 3), g.integer(1, 3)
-    stride, padding, dilation = g.integer(1, 2), g.integer(0, 1), g.integer(1, 2)
-    h = g.integer(dilation * (kh - 1) + 1, 6)
-    w = g.integer(dilation * (kw - 1) + 1, 6)
+    # each of stride, padding and dilation one int or a (height, width) pair, which may differ
+    stride, padding, dilation = (g.choice([g.integer(low, high), (g.integer(low, high), g.integer(low, high))])
+                                 for low, high in ((1, 2), (0, 1), (1, 2)))
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+    h = g.integer(dh * (kh - 1) + 1, 6)
+    w = g.integer(dw * (kw - 1) + 1, 6)
     arrays = (g.array((g.integer(1, 2), c, h, w), dtype), g.array((o, c // groups, kh, kw), dtype))
     if g.flag():
         arrays += (g.array((o,), dtype),)
@@ -98,7 +101,7 @@ def _conv_grad_example(role):
 def _pool_examples(g):
     kh, kw = g.integer(1, 3), g.integer(1, 3)
     shape = (g.integer(1, 2), g.integer(1, 2), g.integer(kh, 6), g.integer(kw, 6))
-    return (g.array(shape, g.dtype(FLOAT)),), {"kernel_size": (kh, kw), "stride": g.choice([None, 1, 2]),
+    return (g.array(shape, g.dtype(FLOAT)),), {"kernel_size": (kh, kw), "stride": g.choice([None, 1, 2, (1, 2), (2, 1)]),
                                               "padding": g.integer(0, min(kh, kw) // 2)}
 
 
@@ -154,6 +157,7 @@ _ATTENTION = {"is_causal": False, "scale": None}
 
 BAD_EXAMPLES.update({
     "cross_entropy": [_bad([(3, 2), (4,)], {"reduction": "mean"}, ShapeError, [dt.float64, dt.int64]),
+                      _bad([(3, 2), (3,)], {"reduction": "mean"}, DTypeError, [dt.float64, dt.float64]),  # class scores
                       _bad([(3, 2, 1), (3,)], {"reduction": "mean"}, ShapeError, [dt.float64, dt.int64]),
                       _bad([(3, 2), (3,)], {"reduction": "avg"}, ArgumentError, [dt.float64, dt.int64])],
     "mse_loss": [_bad([(3,), (4,)], {"reduction": "mean"}, ShapeError),
@@ -170,6 +174,8 @@ BAD_EXAMPLES.update({
                   _bad([(2,), (3, 2, 2)], {}, ShapeError, [dt.int64])],
     "conv2d": [_bad([(1, 3, 4, 4), (2, 2, 3, 3)], _CONV, ShapeError),
                _bad([(3, 4, 4), (2, 3, 3, 3)], _CONV, ShapeError),
+               _bad([(1, 3, 4, 4, 4), (2, 3, 3, 3)], _CONV, ShapeError),  # each input's rank on its own
+               _bad([(1, 3, 4, 4), (2, 3, 3)], _CONV, ShapeError),
                _bad([(1, 3, 4, 4), (2, 3, 3, 3), (3,)], _CONV, ShapeError),
                _bad([(1, 3, 2, 4), (2, 3, 3, 3)], _CONV, ShapeError),
                _bad([(1, 3, 4, 2), (2, 3, 3, 3)], _CONV, ShapeError),
