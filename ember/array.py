@@ -124,9 +124,17 @@ class Array:
         try:
             return native.__dlpack__(**kwargs)
         except BufferError:
-            # a DLPack version the library does not export (JAX's start at 0.5): through NumPy, a zero-copy view where the
-            # version can mark it read-only (1.0 on), else a copy, which the standard allows unless copy=False
             legacy = max_version is None or tuple(max_version) < (1, 0)
+            if legacy and max_version is not None:
+                # JAX refuses versions below 0.5 by number, yet gives a consumer that names no version the one
+                # format every version below 1.0 reads (the legacy capsule), zero-copy
+                del kwargs["max_version"]
+                try:
+                    return native.__dlpack__(**kwargs)
+                except BufferError:
+                    pass
+            # else through NumPy: a zero-copy view where the version can mark it read-only (1.0 on), else a copy,
+            # which the standard allows unless copy=False
             if legacy and copy is False:
                 raise
             return (np.array(native) if legacy else np.asarray(native)).__dlpack__(**kwargs)

@@ -39,6 +39,26 @@ def test_setitem_is_a_functional_update_under_the_hood():
     assert em.asnumpy(x).tolist() == [[0, 7, 7], [1, 2, 3]] and np.asarray(before).tolist() == [[0] * 3] * 2
 
 
+@pytest.mark.parametrize("copy", [None, False])
+def test_dlpack_below_version_one_gives_jaxs_legacy_capsule_without_a_copy(copy):
+    """A consumer that reads only DLPack before 1.0 (max_version=(0, 0)) gets the legacy capsule JAX gives a consumer
+    naming no version, zero-copy, though JAX refuses that version number: copy=False holds too."""
+    x = em.asarray([[1.5, 2.0], [3.0, 4.0]], device="jax:cpu")
+
+    class OldConsumerView:  # what an old consumer is handed: the capsule for max_version=(0, 0)
+        def __dlpack__(self, **_):
+            return x.__dlpack__(max_version=(0, 0), copy=copy)
+
+        def __dlpack_device__(self):
+            return x.__dlpack_device__()
+
+    capsule = x.__dlpack__(max_version=(0, 0), copy=copy)
+    assert "dltensor" in repr(capsule) and "versioned" not in repr(capsule)
+    host = np.from_dlpack(OldConsumerView())
+    assert host.tolist() == [[1.5, 2.0], [3.0, 4.0]]
+    assert host.__array_interface__["data"][0] == np.asarray(x._handle).__array_interface__["data"][0]  # no copy
+
+
 def test_index_arrays_out_of_bounds_are_refused_not_clamped():
     x = em.arange(4, device="jax:cpu")
     with pytest.raises(em.IndexingError, match="out of bounds"):
