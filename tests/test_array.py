@@ -137,6 +137,27 @@ def test_to_device_moves_between_backends():
         em.ones(2, dtype=em.uint32, device="torch:cpu")
 
 
+@needs_torch
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+def test_torch_holds_wide_unsigned_arrays_without_computing_on_them(dtype):
+    """PyTorch stores uint16/32/64 but has no arithmetic on them: torch:cpu takes such an array (a move, DLPack),
+    casts it with astype and gives it back, and refuses any op on it by name before a kernel fails."""
+    kind = getattr(em, dtype)
+    values = [0, 7, np.iinfo(dtype).max]
+    x = em.asarray(np.array(values, dtype=dtype))
+    for t in (x.to_device("torch:cpu"), em.from_dlpack(x, device="torch:cpu")):
+        assert t.device == em.device("torch:cpu") and t.dtype == kind
+        assert em.asnumpy(t).tolist() == values and em.asnumpy(t).dtype == dtype
+        assert em.asnumpy(em.astype(t, em.float64)).tolist() == [float(v) for v in values]
+        assert em.astype(em.astype(t, em.int8), kind).dtype == kind  # astype both ways
+        with pytest.raises(em.NotSupportedError, match=f"^add: torch:cpu computes nothing on {dtype}; convert it first"):
+            t + t
+        with pytest.raises(em.NotSupportedError, match=f"^sum: torch:cpu computes nothing on {dtype}"):
+            em.sum(t)
+        assert em.asnumpy(x).tolist() == values  # the source is untouched
+    assert kind not in em.__array_namespace_info__().dtypes(device=em.device("torch:cpu")).values()
+
+
 def test_devices_parse_and_compare():
     assert em.device("numpy") is em.device("numpy") and str(em.device("numpy")) == "numpy"
     assert em.device("torch") == em.device("torch:cpu") and em.device("torch:cuda") == em.device("torch:cuda:0")

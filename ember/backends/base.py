@@ -15,7 +15,8 @@ class Backend:
 
     ``kernels`` maps op names to callables ``kernel(*native_inputs, **attrs)`` returning a
     native array or a tuple of them; ``gaps`` maps op names the backend cannot run to the
-    reason. ``dtypes`` lists the ember dtypes it supports.
+    reason. ``dtypes`` lists the ember dtypes its ops compute on; its arrays may hold any ember
+    dtype, moved in and out and converted with ``astype`` (PyTorch's uint16/32/64).
     """
 
     name: str = ""          # "numpy", "torch"

@@ -1,8 +1,9 @@
 """The PyTorch backend: torch:cpu and torch:cuda:N through one code path.
 
 Kernels are torch functions, through array_api_compat where its wrappers give the standard's
-semantics. PyTorch lacks arithmetic on uint16/uint32/uint64, so this backend declares those
-dtypes unsupported (``dtypes`` below) instead of failing inside kernels.
+semantics. PyTorch stores uint16/uint32/uint64 tensors and converts them, but has no arithmetic on
+them, so this backend holds arrays of those dtypes (moved in, moved out, cast with ``astype``) and
+declares them outside ``dtypes``, the dtypes ops compute on, instead of failing inside kernels.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .base import Backend
 from .numpy_nn import GOLDEN, MIX1, MIX2
 
 SUPPORTED = tuple(d for d in dt.ALL if d not in (dt.uint16, dt.uint32, dt.uint64))
-NATIVE = {d: getattr(torch, d.name) for d in SUPPORTED}
+NATIVE = {d: getattr(torch, d.name) for d in dt.ALL}
 EMBER = {v: k for k, v in NATIVE.items()}
 
 
@@ -480,9 +481,6 @@ class TorchBackend(Backend):
             raise NotSupportedError(f"torch dtype {native.dtype} is not supported by ember") from None
 
     def from_host(self, host: np.ndarray):
-        if host.dtype.kind == "u" and host.dtype.itemsize > 1:
-            raise NotSupportedError(f"{self.device_name} does not support {host.dtype} (PyTorch lacks unsigned "
-                                    f"arithmetic beyond uint8)")
         if not host.flags.writeable or any(s < 0 for s in host.strides):
             host = np.array(host)  # torch.from_numpy needs writable, non-negative strides
         tensor = torch.from_numpy(host)
