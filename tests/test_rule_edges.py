@@ -92,6 +92,12 @@ def test_linear_refusals_name_the_shapes_they_expect():
         em.nn.linear(x, em.zeros((5, 4)), em.zeros((4,)))
 
 
+def test_layer_norm_refusal_lists_the_affine_shapes_it_got():
+    with pytest.raises(ShapeError, match=r"^layer_norm: weight and bias must both be given, shaped \(3,\), got "
+                                         r"\(3,\), \(2,\) \(input \(2, 3\)\)$"):
+        em.nn.layer_norm(em.zeros((2, 3)), (3,), em.ones(3), em.zeros(2))
+
+
 def test_window_refusals_name_the_side_and_the_shapes():
     """_out_size names the side that does not fit (height or width) and the shapes it had: the input's, and the
     weight's for a convolution (a pool has none)."""

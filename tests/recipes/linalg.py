@@ -63,7 +63,7 @@ def _not_square(g):
 
 def _positive_definite(g):
     n = g.integer(1, 4)
-    a = g.array(g.shape(max_dims=1) + (n, n), g.dtype("real floating"), low=-2, high=2)
+    a = g.array(g.shape(max_dims=2) + (n, n), g.dtype("real floating"), low=-2, high=2)
     return (a @ np.swapaxes(a, -1, -2) + n * np.eye(n, dtype=a.dtype),), {"upper": g.flag()}
 
 
@@ -165,6 +165,7 @@ BAD_EXAMPLES = {
                                                  "eigvalsh")},
     "matrix_power": lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
     "solve": lambda g: ((g.array((3, 3), dt.float64), g.array((4,), dt.float64)), {}, ShapeError),
+    "qr": _bad([(3, 3)], {"mode": "full"}, ArgumentError),
     "cross": [_bad([(2,), (2,)], {"axis": -1}, ShapeError), _bad([(2, 3), (2, 1)], {"axis": -1}, ShapeError),
               _bad([(2, 3), (2, 3)], {"axis": -3}, AxisError), _bad([(2, 3), (2, 3)], {"axis": 2}, AxisError),
               _bad([(2, 3), (2, 3)], {"axis": 0.5}, ArgumentError)],

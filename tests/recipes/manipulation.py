@@ -145,6 +145,7 @@ BAD_EXAMPLES = {
     "repeat": [_bad([(2, 3)], {"repeats": -1, "axis": 0}, ArgumentError),
                _bad([(2, 3)], {"repeats": 1.5, "axis": 0}, ArgumentError),
                _bad([(2, 3)], {"repeats": (1, -1), "axis": 0}, ArgumentError),
+               _bad([(2, 3)], {"repeats": (1, 1.5), "axis": 0}, ArgumentError),
                _bad([(2, 3)], {"repeats": (1, 2), "axis": 1}, ShapeError)],
     "reshape": [_bad([(2, 3)], {"shape": (4,), "copy": None}, ShapeError),
                 _bad([(2, 3)], {"shape": (-1, -1), "copy": None}, ShapeError),

@@ -158,6 +158,7 @@ _ATTENTION = {"is_causal": False, "scale": None}
 BAD_EXAMPLES.update({
     "cross_entropy": [_bad([(3, 2), (4,)], {"reduction": "mean"}, ShapeError, [dt.float64, dt.int64]),
                       _bad([(3, 2), (3,)], {"reduction": "mean"}, DTypeError, [dt.float64, dt.float64]),  # class scores
+                      _bad([(3, 2), (3,)], {"reduction": "mean"}, DTypeError, [dt.int64, dt.int64]),  # integer logits
                       _bad([(3, 2, 1), (3,)], {"reduction": "mean"}, ShapeError, [dt.float64, dt.int64]),
                       _bad([(3, 2), (3,)], {"reduction": "avg"}, ArgumentError, [dt.float64, dt.int64])],
     "mse_loss": [_bad([(3,), (4,)], {"reduction": "mean"}, ShapeError),
