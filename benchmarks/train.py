@@ -1,5 +1,5 @@
 """The training benchmark: per-step time of the spirals MLP (ember/spirals.py), float64, full
-batch — eager local, eager remote and jit remote on a loopback peer, and jit on jax:cpu (the whole
+batch — eager and jit local, eager remote and jit remote on a loopback peer, and jit on jax:cpu (the whole
 step compiled by XLA) where JAX is installed, against PyTorch eager (autograd + torch.optim.Adam) on
 the same CPU for the same model."""
 
@@ -71,6 +71,7 @@ def run(quick: bool = False) -> Report:
     steps = 20 if quick else 100
     torch_step = _torch_seconds_per_step(steps)
     local = np.median([train("numpy", steps=steps)["seconds_per_step"] for _ in range(3)])
+    local_jit = np.median([train("numpy", steps=steps, use_jit=True)["seconds_per_step"] for _ in range(3)])
     with PeerProcess() as peer:
         train(peer.url(), steps=3, use_jit=True)  # warm the peer
         remote = np.median([train(peer.url(), steps=steps)["seconds_per_step"] for _ in range(3)])
@@ -78,6 +79,7 @@ def run(quick: bool = False) -> Report:
     jax_jit = _jax_seconds_per_step(steps) if importlib.util.find_spec("jax") is not None else None
     if torch_step is not None:
         report.add(Row("MLP step, eager local (numpy) vs PyTorch eager", local, "torch", torch_step))
+        report.add(Row("MLP step, jit local (numpy) vs PyTorch eager", local_jit, "torch", torch_step, "≤ 1.00x"))
         report.add(Row("MLP step, eager remote vs PyTorch eager", remote, "torch", torch_step))
         report.add(Row("MLP step, jit remote vs PyTorch eager", remote_jit, "torch", torch_step))
         if jax_jit is not None:
