@@ -92,6 +92,15 @@ def test_linear_refusals_name_the_shapes_they_expect():
         em.nn.linear(x, em.zeros((5, 4)), em.zeros((4,)))
 
 
+def test_the_rule_cache_tells_booleans_from_integers_inside_tuples():
+    """A meta rule's result is cached by its attributes and their types: inside a tuple too, or axis=(False, True)
+    would be served the cached result of the equal axis=(0, 1) instead of its refusal."""
+    x = em.ones((2, 3))
+    assert float(em.sum(x, axis=(0, 1))) == 6.0
+    with pytest.raises(em.ArgumentError, match="^sum: axis must be an int, got False"):
+        em.sum(x, axis=(False, True))
+
+
 def test_layer_norm_refusal_lists_the_affine_shapes_it_got():
     with pytest.raises(ShapeError, match=r"^layer_norm: weight and bias must both be given, shaped \(3,\), got "
                                          r"\(3,\), \(2,\) \(input \(2, 3\)\)$"):

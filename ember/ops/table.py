@@ -66,6 +66,11 @@ META_CACHE_ENTRIES = 16384
 _CACHED_LENGTH = 64
 
 
+def _kind(value):
+    """A value's type, or for a tuple its items' kinds (a cache key's second half)."""
+    return tuple(map(_kind, value)) if type(value) is tuple else type(value)
+
+
 def _small(metas: tuple, values: tuple, out: tuple) -> bool:
     return (all(len(m.shape) <= _CACHED_LENGTH for m in (*metas, *out))
             and all(type(v) is not tuple or len(v) <= _CACHED_LENGTH for v in values))
@@ -124,8 +129,9 @@ class Op:
         """
         try:
             values = tuple(attrs.values())
-            # types are part of the key: True, 1 and 1.0 are equal but give different dtypes
-            key = (self, metas, values, tuple(map(type, values))) if values else (self, metas)
+            # types are part of the key, inside tuples too: True, 1 and 1.0 are equal but give different
+            # dtypes, and axis=(False, True) is refused where (0, 1) is not
+            key = (self, metas, values, tuple(map(_kind, values))) if values else (self, metas)
             replaced, out = _META_CACHE[key]
             return ({**attrs, **replaced} if replaced else attrs), out
         except KeyError:
