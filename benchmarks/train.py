@@ -36,7 +36,7 @@ def _torch_seconds_per_step(steps: int) -> float | None:
         loss = F.cross_entropy(F.linear(h, params[-2], params[-1]), y)
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return loss.item()
 
     for _ in range(5):
         step()
