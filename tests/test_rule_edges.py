@@ -83,6 +83,17 @@ def test_matrix_power_gradient_at_n_zero_and_one():
         np.testing.assert_array_equal(em.asnumpy(x.grad), expected)
 
 
+def test_matrix_power_of_an_integer_matrix_for_every_non_negative_n():
+    """An integer matrix takes n >= 0 (n = 0 gives the identity of its dtype) and is refused below: a negative power
+    inverts."""
+    a = np.array([[2, -1], [3, 1]])
+    for n in (0, 1, 2, 3):
+        ours = em.linalg.matrix_power(em.asarray(a), n)
+        assert ours.dtype == em.int64 and em.asnumpy(ours).tolist() == np.linalg.matrix_power(a, n).tolist()
+    with pytest.raises(DTypeError, match="^matrix_power: "):
+        em.linalg.matrix_power(em.asarray(a), -1)
+
+
 def test_linear_refusals_name_the_shapes_they_expect():
     """_linear_meta's messages give the expected weight and bias shapes from the input's last axis and the weight's rows."""
     x = em.zeros((2, 3, 4))
@@ -99,6 +110,12 @@ def test_the_rule_cache_tells_booleans_from_integers_inside_tuples():
     assert float(em.sum(x, axis=(0, 1))) == 6.0
     with pytest.raises(em.ArgumentError, match="^sum: axis must be an int, got False"):
         em.sum(x, axis=(False, True))
+
+
+def test_attention_refuses_inputs_of_different_ranks_before_comparing_their_shapes():
+    with pytest.raises(ShapeError, match=r"^scaled_dot_product_attention: q, k, v must be \(\.\.\., L, E\), \(\.\.\., S, E\), "
+                                         r"\(\.\.\., S, Ev\), got \(2, 3\), \(1, 2, 3\), \(2, 3\)$"):
+        em.nn.scaled_dot_product_attention(em.zeros((2, 3)), em.zeros((1, 2, 3)), em.zeros((2, 3)))
 
 
 def test_layer_norm_refusal_lists_the_affine_shapes_it_got():

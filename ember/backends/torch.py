@@ -430,8 +430,10 @@ NN_KERNELS = {
     "max_pool2d": lambda x, kernel_size, stride, padding: F.max_pool2d(x, kernel_size, stride, padding),
     "max_pool2d_grad": _max_pool2d_grad,
     "avg_pool2d": lambda x, kernel_size, stride, padding: F.avg_pool2d(x, kernel_size, stride, padding, count_include_pad=True),
+    # PyTorch reads a mask's last two axes before broadcasting it: a 0-d or 1-d mask gets leading 1s first
     "scaled_dot_product_attention": lambda q, k, v, *mask, is_causal, scale: F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask[0] if mask else None, is_causal=is_causal, scale=scale),
+        q, k, v, attn_mask=mask[0].reshape((1,) * (2 - mask[0].ndim) + tuple(mask[0].shape)) if mask else None,
+        is_causal=is_causal, scale=scale),
 }
 KERNELS.update(NN_KERNELS)
 

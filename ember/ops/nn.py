@@ -9,7 +9,8 @@ import math
 from .. import dtypes as dt
 from ..errors import ArgumentError, ShapeError
 from .gradients import NotDifferentiable, scatter_back, unbroadcast
-from .table import NO_GRADIENT, REQUIRED, Meta, Op, as_int, as_shape, define, fmt_shape, normalize_axis, require, require_ndim
+from .table import (NO_GRADIENT, REQUIRED, Meta, Op, as_int, as_shape, broadcast_shapes, define, fmt_shape, normalize_axis,
+                    require, require_ndim)
 
 FLOAT = "real floating"
 
@@ -371,10 +372,18 @@ def _attention_meta(q, k, v, *mask, is_causal, scale):
                          f"{fmt_shape(k.shape)}, {fmt_shape(v.shape)}")
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
         raise ShapeError(f"q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)} and v {fmt_shape(v.shape)} do not fit together")
-    if mask and mask[0].shape[-2:] != (q.shape[-2], k.shape[-2]):
-        raise ShapeError(f"mask must end with ({q.shape[-2]}, {k.shape[-2]}) for q {fmt_shape(q.shape)}, k "
+    scores = q.shape[:-1] + k.shape[-2:-1]  # (..., L, S)
+    if mask and not _broadcasts_to(mask[0].shape, scores):  # added to the scores, it may not grow them
+        raise ShapeError(f"mask must broadcast to the scores' shape {fmt_shape(scores)} for q {fmt_shape(q.shape)}, k "
                          f"{fmt_shape(k.shape)} and v {fmt_shape(v.shape)}, got {fmt_shape(mask[0].shape)}")
     return Meta(q.shape[:-1] + v.shape[-1:], q.dtype)
+
+
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    try:
+        return broadcast_shapes(shape, target) == target
+    except ShapeError:
+        return False
 
 
 def _attention_grad(xp, g, out, q, k, v, *mask, is_causal, scale):

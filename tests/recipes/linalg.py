@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember import dtypes as dt
-from ember.errors import ArgumentError, AxisError, ShapeError
+from ember.errors import ArgumentError, AxisError, DTypeError, ShapeError
 from ember.ops.linalg import _MATRIX_ORDS
 
 from . import samples
@@ -89,9 +89,9 @@ def _distinct_eigenvalues(g):
 def _solve_examples(g):
     (a,), _ = _well_conditioned(g)
     n = a.shape[-1]
-    # b a vector, a stack of matrices with a's batch, or one with more batch dimensions than a (broadcast)
-    b = g.array(g.choice([(n,), a.shape[:-1] + (g.integer(1, 3),), (2,) + a.shape[:-1] + (g.integer(1, 3),)]),
-                g.dtype_of(a), low=-3, high=3)
+    # b a vector, a stack of matrices with a's batch, with more batch dimensions than a, or one matrix (broadcast)
+    k = g.integer(1, 3)
+    b = g.array(g.choice([(n,), a.shape[:-1] + (k,), (2,) + a.shape[:-1] + (k,), (n, k)]), g.dtype_of(a), low=-3, high=3)
     return (a, b), {}
 
 
@@ -163,8 +163,10 @@ BAD_EXAMPLES = {
                _bad([(2, 3), (2, 3)], {"axis": -3}, AxisError)],
     **{name: _not_square for name in ("cholesky", "inv", "det", "slogdet", "eig", "eigvals", "eigh",
                                                  "eigvalsh")},
-    "matrix_power": lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
-    "solve": lambda g: ((g.array((3, 3), dt.float64), g.array((4,), dt.float64)), {}, ShapeError),
+    "matrix_power": [lambda g: (*_not_square(g)[:1], {"n": 2}, ShapeError),
+                     _bad([(2, 2)], {"n": -1}, DTypeError, [dt.int64])],  # an integer matrix has no inverse power
+    "solve": [lambda g: ((g.array((3, 3), dt.float64), g.array((4,), dt.float64)), {}, ShapeError),
+              _bad([(3, 3), (4, 2)], {}, ShapeError)],
     "qr": _bad([(3, 3)], {"mode": "full"}, ArgumentError),
     "cross": [_bad([(2,), (2,)], {"axis": -1}, ShapeError), _bad([(2, 3), (2, 1)], {"axis": -1}, ShapeError),
               _bad([(2, 3), (2, 3)], {"axis": -3}, AxisError), _bad([(2, 3), (2, 3)], {"axis": 2}, AxisError),

@@ -101,8 +101,9 @@ def _conv_grad_example(role):
 def _pool_examples(g):
     kh, kw = g.integer(1, 3), g.integer(1, 3)
     shape = (g.integer(1, 2), g.integer(1, 2), g.integer(kh, 6), g.integer(kw, 6))
+    padding = g.choice([g.integer(0, min(kh, kw) // 2), (g.integer(0, kh // 2), g.integer(0, kw // 2))])
     return (g.array(shape, g.dtype(FLOAT)),), {"kernel_size": (kh, kw), "stride": g.choice([None, 1, 2, (1, 2), (2, 1)]),
-                                              "padding": g.integer(0, min(kh, kw) // 2)}
+                                              "padding": padding}
 
 
 def _max_pool_grad_examples(g):
@@ -121,7 +122,8 @@ def _attention_examples(g):
         source = length
     arrays = (g.array(batch + (length, e), dtype), g.array(batch + (source, e), dtype), g.array(batch + (source, ev), dtype))
     if not causal and g.flag():
-        arrays += (g.array((length, source), dtype, low=-2, high=0),)
+        # an additive mask of any shape that broadcasts to the scores' (..., L, S) without growing them
+        arrays += (g.array(g.broadcastable(batch + (length, source), only_smaller=True), dtype, low=-2, high=0),)
     return arrays, {"is_causal": causal, "scale": g.choice([None, 0.5])}
 
 
@@ -152,7 +154,10 @@ _POOL_REFUSALS = [_bad([(1, 1, 2, 2)], {**_POOL, "kernel_size": 3}, ShapeError),
                   _bad([(1, 1, 4, 4)], {**_POOL, "stride": (1, 0)}, ArgumentError),
                   _bad([(1, 1, 4, 4)], {**_POOL, "padding": 2}, ArgumentError),
                   _bad([(1, 1, 4, 4)], {**_POOL, "kernel_size": 4, "padding": (0, 3)}, ArgumentError),  # one side only
-                  _bad([(1, 1, 4, 4)], {**_POOL, "kernel_size": (2, 2, 2)}, ArgumentError)]
+                  _bad([(1, 1, 4, 4)], {**_POOL, "kernel_size": (2, 2, 2)}, ArgumentError),
+                  _bad([(1, 1, 4, 4)], {**_POOL, "stride": 1.5}, ArgumentError),
+                  _bad([(1, 1, 4, 4)], {**_POOL, "padding": "1"}, ArgumentError),
+                  _bad([(1, 1, 4, 4)], {**_POOL, "padding": -1}, ArgumentError)]
 _ATTENTION = {"is_causal": False, "scale": None}
 
 BAD_EXAMPLES.update({
@@ -183,11 +188,16 @@ BAD_EXAMPLES.update({
                _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "stride": 0}, ArgumentError),
                _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "padding": (0, -1)}, ArgumentError),
                _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "dilation": "2"}, ArgumentError),
-               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "groups": 1.5}, ArgumentError)],
+               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "groups": 1.5}, ArgumentError),
+               _bad([(1, 4, 4, 4), (3, 2, 3, 3)], {**_CONV, "groups": 2}, ShapeError),  # 3 outputs in 2 groups
+               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "groups": 0}, ShapeError)],
     "max_pool2d": _POOL_REFUSALS,
     "avg_pool2d": _POOL_REFUSALS,
     "scaled_dot_product_attention": [_bad([(2, 3), (2, 4), (2, 4)], _ATTENTION, ShapeError),
                                      _bad([(3,), (2, 3), (2, 3)], _ATTENTION, ShapeError),
                                      _bad([(2, 3), (4, 3), (5, 2)], _ATTENTION, ShapeError),
-                                     _bad([(2, 3), (4, 3), (4, 2), (4, 2)], _ATTENTION, ShapeError)],
+                                     _bad([(2, 3), (4, 3), (4, 2), (4, 2)], _ATTENTION, ShapeError),
+                                     _bad([(2, 3), (4, 3), (4, 2), (2, 2, 4)], _ATTENTION, ShapeError),  # grows the scores
+                                     _bad([(3,), (3,), (3,)], _ATTENTION, ShapeError),
+                                     _bad([(2, 1, 4), (3, 1, 4), (3, 1, 4)], _ATTENTION, ShapeError)],  # q's batch alone
 })
