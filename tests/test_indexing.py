@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ember as em
+from ember.namespace.indexing import encode_key
+from ember.ops.indexing import index_shape
 
 from .conftest import LOCAL_DEVICES
 
@@ -55,8 +57,19 @@ def test_getitem_matches_numpy(device_name, case):
     x = em.asarray(host, device=device_name)
     expected = host[key]
     result = x[to_ember_key(key, device_name)]
-    assert result.shape == expected.shape, f"meta shape {result.shape} vs NumPy {expected.shape} for key {key!r}"
+    assert result.shape == expected.shape, f"shape {result.shape} vs NumPy {expected.shape} for key {key!r}"
     np.testing.assert_array_equal(em.asnumpy(result), expected)
+    assert_rule_gives(host, x, to_ember_key(key, device_name), expected.shape)
+
+
+def assert_rule_gives(host, x, key, expected):
+    """The meta rule's own shape for ``x[key]`` (an engine replaces a data-dependent one by the real shape): only a
+    mask's length may be unknown."""
+    template, arrays = encode_key(x, key)
+    rule = index_shape(host.shape, template, tuple(a._meta for a in arrays))
+    masked = any(a.dtype == em.bool for a in arrays)
+    assert len(rule) == len(expected) and all(r == e or masked and r is None for r, e in zip(rule, expected)), \
+        f"meta rule {rule} vs NumPy {expected} for key {key!r}"
 
 
 def _unique_integer_arrays(key):
@@ -82,6 +95,7 @@ def test_integers_count_as_index_arrays_for_where_the_arrays_dimensions_go(devic
     x = em.asarray(host, device=device_name)
     result = x[to_ember_key(key, device_name)]
     assert result.shape == host[key].shape
+    assert_rule_gives(host, x, to_ember_key(key, device_name), host[key].shape)
     np.testing.assert_array_equal(em.asnumpy(result), host[key])
     expected = host.copy()
     expected[key] = -1
@@ -143,3 +157,14 @@ def test_indexing_errors_are_typed():
     with pytest.raises(TypeError, match="cannot assign complex"):
         x[0] = 1j
     assert float(em.sum(x)) == 6.0  # the array is unchanged after the failures
+    with em.capture() as cap:  # the meta rule refuses, before any kernel: at the bounds exactly
+        c = cap.input((2, 3), em.float64)
+        for index in (3, -4):
+            with pytest.raises(IndexError, match=rf"^getitem: index {index} is out of bounds for axis 1 with size 3$"):
+                c[0, index]
+        with pytest.raises(IndexError, match=r"^getitem: boolean index of shape \(1,\) does not match the indexed axes "
+                                             r"\(2,\) of shape \(2, 3\)$"):
+            c[em.asarray([True], device=cap.device)]
+        cap.output(c[1, 2] + c[-2, -3])
+    # a mask axis 0 long fits any axis (the standard's rule; NumPy refuses it): the result is empty
+    assert x[em.asarray(np.zeros(0, bool))].shape == (0, 3)

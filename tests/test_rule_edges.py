@@ -7,6 +7,8 @@ Python scalar where an array usually is, an axis other than the last.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -167,9 +169,18 @@ def test_n_dimensional_transform_gradients_over_three_axes(name):
 
 
 def test_stack_and_setitem_refusals_list_what_they_compare():
-    aligned = r"^matmul: shapes \(2, 3\) and \(2, 4, 5\) are not aligned \(3 \(dim 1\) != 4 \(dim 1\)\)$"
-    with pytest.raises(ShapeError, match=aligned):
-        em.matmul(em.zeros((2, 3)), em.zeros((2, 4, 5)))
+    for a, b, dims in (((2, 3), (2, 4, 5), "3 \\(dim 1\\) != 4 \\(dim 1\\)"), ((2, 3, 4), (5, 6), "4 \\(dim 2\\) != 5 \\(dim 0\\)"),
+                       ((2, 3), (4,), "3 \\(dim 1\\) != 4 \\(dim 0\\)")):
+        with pytest.raises(ShapeError, match=rf"^matmul: shapes {re.escape(str(a))} and {re.escape(str(b))} are not aligned "
+                                             rf"\({dims}\)$"):
+            em.matmul(em.zeros(a), em.zeros(b))
+    with pytest.raises(ShapeError, match=r"^reshape: cannot reshape \(2, 3\) to \(-1, -1\): at most one -1 and no other "
+                                         r"negative size$"):
+        em.reshape(em.zeros((2, 3)), (-1, -1))
+    with pytest.raises(ShapeError, match=r"^concat: cannot concatenate 0-d arrays, got shapes \(\), \(\)$"):
+        em.concat([em.zeros(()), em.zeros(())])
+    with pytest.raises(IndexError, match=r"^getitem: index arrays of shapes \(2,\), \(3,\) cannot be broadcast together "):
+        em.zeros((4, 4))[em.asarray([0, 1]), em.asarray([0, 1, 2])]
     with pytest.raises(ShapeError, match=r"^stack: arrays must share one shape, got \(2,\), \(3,\)$"):
         em.stack([em.zeros(2), em.zeros(3)])
     # x[key] = value casts the value first; a record from a graph file or a client reaches the row as it is

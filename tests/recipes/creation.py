@@ -45,7 +45,8 @@ BAD_EXAMPLES = {
                lambda g: ((), {"start": 2, "stop": -2, "step": -1, "dtype": dt.uint8}, DTypeError),
                lambda g: ((), {"start": 120, "stop": 130, "step": 1, "dtype": dt.int8}, DTypeError),
                lambda g: ((), {"start": 0, "stop": 2, "step": 0.5, "dtype": dt.int8}, DTypeError)],
-    "full": lambda g: ((), {"shape": (2,), "fill_value": 1.5, "dtype": dt.int32}, DTypeError),
+    "full": [lambda g: ((), {"shape": (2,), "fill_value": 1.5, "dtype": dt.int32}, DTypeError),
+             lambda g: ((), {"shape": (2,), "fill_value": [1.5], "dtype": dt.float64}, ArgumentError)],
     "empty": lambda g: ((), {"shape": (-1,), "dtype": None}, ValueError),
     "eye": [lambda g, bad=bad: ((), {**{"n_rows": 2, "n_cols": None, "k": 0, "dtype": None}, **bad}, ArgumentError)
             for bad in ({"n_rows": -2}, {"n_cols": -1}, {"n_rows": 2.5}, {"n_cols": 2.5}, {"k": 0.5})],

@@ -4,6 +4,7 @@ category they accept (the row's lift, else its category) and the value range the
 from __future__ import annotations
 
 from ember import dtypes as dt
+from ember.errors import DTypeError
 
 from . import samples
 
@@ -82,5 +83,6 @@ def _triangle_examples(g):
 
 
 EXAMPLES["where"] = _where_examples
+BAD_EXAMPLES["where"] = samples.refusal([(3,), (3,), (3,)], {}, DTypeError, [dt.float64, dt.float64, dt.float64])  # condition
 for _name in ("tril", "triu"):
     EXAMPLES[_name] = _triangle_examples

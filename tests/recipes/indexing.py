@@ -30,6 +30,8 @@ def _take_examples(g):
     shape = g.shape(min_dims=1, min_side=1)
     axis = g.integer(-len(shape), len(shape) - 1)
     n = shape[axis]
+    if len(shape) == 1 and g.flag():
+        axis = None  # a 1-d x needs no axis
     return (g.array(shape, g.dtype("any")), g.array((g.integer(0, 4),), dt.int64, low=-n, high=n - 1)), {"axis": axis}
 
 

@@ -78,7 +78,9 @@ def _repeat_examples(g):
 def _reshape_examples(g):
     shape = g.shape()
     size = math.prod(shape)
-    target = g.choice([(size,), (-1,), tuple(reversed(shape)), shape + (1,)])
+    # an int, or a tuple with or without one -1 beside other sizes
+    beside = shape[:1] + (-1,) if shape and shape[0] else (-1,)  # -1 beside a zero is ambiguous (refused)
+    target = g.choice([(size,), size, (-1,), tuple(reversed(shape)), shape + (1,), beside])
     return (g.array(shape, g.dtype("any")),), {"shape": target, "copy": None}
 
 
@@ -128,7 +130,8 @@ BRANCHES = {"astype": [{"dtype": dt.float64}, {"dtype": dt.complex128}]}
 
 BAD_EXAMPLES = {
     "astype": _bad([(2,)], {"dtype": "float32", "copy": True}, ArgumentError),
-    "broadcast_to": [_bad([(3,)], {"shape": (2,)}, ShapeError), _bad([(1, 3)], {"shape": (3,)}, ShapeError)],
+    "broadcast_to": [_bad([(3,)], {"shape": (2,)}, ShapeError), _bad([(1, 3)], {"shape": (3,)}, ShapeError),
+                     _bad([(3,)], {"shape": (1,)}, ShapeError)],  # a shape that would shrink x
     "concat": [_bad([(2, 3), (2, 4)], {"axis": 0}, ShapeError), _bad([(2, 3), (2,)], {"axis": 1}, ShapeError),
                _bad([(), ()], {"axis": 0}, ShapeError), _bad([(2, 3), (2, 3)], {"axis": 2}, AxisError)],
     "stack": [_bad([(2,), (3,)], {"axis": 0}, ShapeError), _bad([(2,), (2,)], {"axis": 2}, AxisError)],
@@ -149,6 +152,8 @@ BAD_EXAMPLES = {
                _bad([(2, 3)], {"repeats": (1, 2), "axis": 1}, ShapeError)],
     "reshape": [_bad([(2, 3)], {"shape": (4,), "copy": None}, ShapeError),
                 _bad([(2, 3)], {"shape": (-1, -1), "copy": None}, ShapeError),
+                _bad([(2, 3)], {"shape": (-2, -1), "copy": None}, ShapeError),  # (-2, -3) would have the size
+                _bad([(2, 3)], {"shape": (3, 1.5), "copy": None}, ArgumentError),
                 _bad([(2, 3)], {"shape": (4, -1), "copy": None}, ShapeError),
                 _bad([(2, 3)], {"shape": (0, -1), "copy": None}, ShapeError),
                 _bad([(2, 3)], {"shape": (-2, 3), "copy": None}, ShapeError)],

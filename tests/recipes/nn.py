@@ -157,7 +157,8 @@ _POOL_REFUSALS = [_bad([(1, 1, 2, 2)], {**_POOL, "kernel_size": 3}, ShapeError),
                   _bad([(1, 1, 4, 4)], {**_POOL, "kernel_size": (2, 2, 2)}, ArgumentError),
                   _bad([(1, 1, 4, 4)], {**_POOL, "stride": 1.5}, ArgumentError),
                   _bad([(1, 1, 4, 4)], {**_POOL, "padding": "1"}, ArgumentError),
-                  _bad([(1, 1, 4, 4)], {**_POOL, "padding": -1}, ArgumentError)]
+                  _bad([(1, 1, 4, 4)], {**_POOL, "padding": -1}, ArgumentError),
+                  _bad([(1, 1, 4, 4)], {**_POOL, "padding": (0, 0.5)}, ArgumentError)]  # the pair's second
 _ATTENTION = {"is_causal": False, "scale": None}
 
 BAD_EXAMPLES.update({
@@ -189,6 +190,7 @@ BAD_EXAMPLES.update({
                _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "padding": (0, -1)}, ArgumentError),
                _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "dilation": "2"}, ArgumentError),
                _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "groups": 1.5}, ArgumentError),
+               _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "stride": (1.5, 1)}, ArgumentError),  # the pair's first
                _bad([(1, 4, 4, 4), (3, 2, 3, 3)], {**_CONV, "groups": 2}, ShapeError),  # 3 outputs in 2 groups
                _bad([(1, 3, 4, 4), (2, 3, 3, 3)], {**_CONV, "groups": 0}, ShapeError)],
     "max_pool2d": _POOL_REFUSALS,
