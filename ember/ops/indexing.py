@@ -37,7 +37,7 @@ def _slice_length(size: int, start, stop, step) -> int:
 def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
     """The shape of ``x[key]`` for ``x`` of ``shape``; ``None`` marks a boolean-mask length."""
     ndim = len(shape)
-    if sum(1 for item in key if item == ELLIPSIS and type(item) is not tuple) > 1:
+    if key.count(ELLIPSIS) > 1:
         raise IndexingError(f"an index can only have a single ellipsis ('...'), got {key!r:.200} (indexing shape "
                             f"{fmt_shape(shape)})")
     consumed = 0
@@ -50,9 +50,10 @@ def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
     if consumed > ndim:
         raise IndexingError(f"too many indices for an array of shape {fmt_shape(shape)}: {consumed} axes indexed")
     out: list = []
-    advanced: list = []  # shapes of integer/array indices, when any array index is present
-    advanced_at: list = []  # positions in ``out`` where advanced indices stood
-    has_array = any(type(item) is tuple and item[0] == "a" for item in key)
+    # the index arrays' shapes and their positions in ``out``; an integer beside them is advanced too (NumPy's rule), but
+    # it adds no dimension to their broadcast and none to ``out``, so where the broadcast goes is _adjacent's to decide
+    advanced: list = []
+    advanced_at: list = []
     dim = 0
     for item in key:
         if item is None:
@@ -88,9 +89,6 @@ def index_shape(shape: tuple, key: tuple, arrays: tuple) -> tuple:
             size = shape[dim]
             if not -size <= item < size:
                 raise IndexingError(f"index {item} is out of bounds for axis {dim} with size {size}")
-            if has_array:
-                advanced.append(())
-                advanced_at.append(len(out))
             dim += 1
     out.extend(shape[dim:])
     if not advanced:
