@@ -112,6 +112,12 @@ def test_the_rule_cache_tells_booleans_from_integers_inside_tuples():
     assert float(em.sum(x, axis=(0, 1))) == 6.0
     with pytest.raises(em.ArgumentError, match="^sum: axis must be an int, got False"):
         em.sum(x, axis=(False, True))
+    nested = 0
+    for _ in range(5000):  # deeper than Python recurses: a typed refusal, neither the cache's key nor a repr failing
+        nested = (nested,)
+    with pytest.raises(em.ArgumentError, match="^sum: an attribute is nested too deeply$"):
+        em.sum(x, axis=nested)
+    assert float(em.sum(x)) == 6.0
 
 
 def test_attention_refuses_inputs_of_different_ranks_before_comparing_their_shapes():

@@ -136,7 +136,7 @@ class Op:
             return ({**attrs, **replaced} if replaced else attrs), out
         except KeyError:
             pass
-        except TypeError:  # an unhashable attribute: compute without caching
+        except (TypeError, RecursionError):  # an unhashable attribute, or one nested absurdly deep: compute without caching
             key = None
         try:
             replaced = self.canon(*metas, **attrs) if self.canon is not None else None
@@ -145,6 +145,8 @@ class Op:
             out = self.meta(*metas, **attrs)
         except EmberError as error:
             raise with_prefix(error, self.name) from None
+        except RecursionError:  # an attribute nested deeper than Python recurses (a refusal's repr of it)
+            raise ArgumentError(f"{self.name}: an attribute is nested too deeply") from None
         out = (out,) if type(out) is Meta else out
         if key is not None and _small(metas, values, out):
             if len(_META_CACHE) >= META_CACHE_ENTRIES:
