@@ -9,8 +9,20 @@ import math
 from .. import dtypes as dt
 from ..errors import ArgumentError, ShapeError
 from .gradients import NotDifferentiable, scatter_back, unbroadcast
-from .table import (NO_GRADIENT, REQUIRED, Meta, Op, as_int, as_shape, broadcast_shapes, define, fmt_shape, normalize_axis,
-                    require, require_ndim)
+from .table import (
+    NO_GRADIENT,
+    REQUIRED,
+    Meta,
+    Op,
+    as_int,
+    as_shape,
+    broadcast_shapes,
+    define,
+    fmt_shape,
+    normalize_axis,
+    require,
+    require_ndim,
+)
 
 FLOAT = "real floating"
 
