@@ -11,7 +11,7 @@ from .. import dtypes as dt
 from ..ops import OPS
 from ..ops.indexing import ELLIPSIS
 from ..ops.table import Meta
-from .onnx import LOWERINGS, NotExportable, axes_of, cast_common, host_arrays, lowering, reduce, transposed
+from .onnx_lowering import LOWERINGS, NotExportable, axes_of, cast_common, host_arrays, lowering, reduce, transposed
 
 # --- linear algebra ----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from ..errors import GraphFormatError, OnnxError
 from ..interop import asnumpy
 from ..namespace import creation, elementwise, linear_algebra, manipulation, nn, searching, statistical
 from ..namespace.data_types import astype
-from .onnx import ONNX_TYPES
+from .onnx_lowering import ONNX_TYPES
 from .scope import capture
 
 FROM_ONNX = {code: dt.BY_NAME[name] for name, code in ONNX_TYPES.items()}

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..ops.table import Meta
-from .onnx import LOWERINGS, ONNX_TYPES, axes_of, cast_common, lowering, mean_of, reduce, transposed
+from .onnx_lowering import LOWERINGS, ONNX_TYPES, axes_of, cast_common, lowering, mean_of, reduce, transposed
 
 # --- elementwise -------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..ops.table import Meta
-from .onnx import LOWERINGS, lowering, mean_of, reduce
+from .onnx_lowering import LOWERINGS, lowering, mean_of, reduce
 from .onnx_math import erf64
 
 # --- ember.nn ----------------------------------------------------------------------------------
