@@ -16,6 +16,7 @@ import ember as em
 from ember.array import bind
 from ember.errors import DTypeError, NotSupportedError, ShapeError
 from ember.ops import OPS
+from ember.ops.table import Meta, Op
 
 from .conftest import assert_takes_pytorchs_subgradient, torch_available
 
@@ -283,3 +284,70 @@ def _ties():
 def test_gradients_at_ties_take_pytorchs_subgradient(case):
     """Ties share the gradient evenly (PyTorch's amax); a zero vector and gelu at 0 take PyTorch's values."""
     assert_takes_pytorchs_subgradient(*_ties()[case])
+
+
+def test_the_rule_cache_serves_repeats_without_running_the_rule_and_keys_types_inside_tuples():
+    """Op.infer runs a rule once per (metas, attributes and their types): a cache that silently stopped caching
+    (a key that fails to build, a lookup that raises) would still give right answers, only slowly."""
+    calls = []
+    probe = Op("probe", ("x",), {"axis": 0}, lambda x, axis: calls.append(axis) or Meta(x.shape, x.dtype), family="utility")
+    metas = (Meta((2, 3), em.float64),)
+    for axis in (0, 0, (0, 1), (0, 1), (False, True), 1.0, 1):
+        probe.infer(metas, {"axis": axis})
+    assert calls == [0, (0, 1), (False, True), 1.0, 1]
+    probe.infer(metas, {"axis": 0})
+    assert len(calls) == 5
+
+
+def test_the_rule_cache_keeps_short_keys_only_and_stays_within_its_bound(monkeypatch):
+    from ember.ops import table
+    probe = Op("probe", ("x",), {"axis": 0}, lambda x, axis: Meta(x.shape, x.dtype), family="utility")
+    monkeypatch.setattr(table, "_META_CACHE", {})
+    for ndim, cached in ((64, True), (65, False)):
+        probe.infer((Meta((1,) * ndim, em.float64),), {"axis": 0})
+        assert any(key[1][0].shape == (1,) * ndim for key in table._META_CACHE) is cached
+    for length, cached in ((64, True), (65, False)):
+        probe.infer((Meta((2,), em.float64),), {"axis": (0,) * length})
+        assert any(len(key) > 2 and key[2] == ((0,) * length,) for key in table._META_CACHE) is cached
+    monkeypatch.setattr(table, "META_CACHE_ENTRIES", 3)
+    table._META_CACHE.clear()
+    for n in range(1, 8):
+        probe.infer((Meta((n,), em.float64),), {"axis": 0})
+        assert 1 <= len(table._META_CACHE) <= 3
+
+
+def test_the_tables_helpers_name_what_they_refuse():
+    """require_ndim, as_shape, as_int and require_same_dtype: the words every rule's refusals are made of."""
+    with pytest.raises(ShapeError, match=r"^det: input must have at least 2 dimensions, got shape \(3,\)$"):
+        em.linalg.det(em.ones(3))
+    with pytest.raises(ShapeError, match=r"^softmax: input must have at least 1 dimension, got shape \(\)$"):
+        em.nn.softmax(em.asarray(1.0))
+    with pytest.raises(ShapeError, match=r"^full: shape \(2, -1\) has a negative dimension$"):
+        em.zeros((2, -1))
+    with pytest.raises(em.ArgumentError, match=r"^full: shape must be an int or a sequence of ints, got 1\.5$"):
+        em.zeros(1.5)
+    with pytest.raises(em.ArgumentError, match=r"^full: shape must be an int, got 1\.5$"):
+        em.zeros((2, 1.5))
+    # a record (a graph file, a client) reaches the rule without the namespace's promotion: the second input differs
+    with pytest.raises(DTypeError, match=r"^concat: inputs must share one dtype, got float64, float32, float64$"):
+        bind(OPS["concat"], (em.ones(2), em.ones(2, dtype=em.float32), em.ones(2)), {"axis": 0})
+    # NumPy's integers are ints to a rule (through __index__)
+    assert em.reshape(em.ones(6), (np.int64(3), np.int64(2))).shape == (3, 2)
+
+
+def test_broadcast_shapes_of_one_shape_and_of_unknown_lengths():
+    from ember.ops.table import broadcast_shapes
+    assert broadcast_shapes((2, 3)) == (2, 3) and broadcast_shapes((2, 3), (2, 3)) == (2, 3)
+    # a mask's length, unknown before running, broadcasts to unknown against any length
+    assert broadcast_shapes((None,), (3,)) == (None,) and broadcast_shapes((3,), (None,)) == (None,)
+    assert broadcast_shapes((2, 1), (None, 4)) == (None, 4)
+
+
+def test_define_refuses_a_second_row_of_one_name_and_an_unknown_family():
+    from ember.ops.table import REQUIRED, define
+    with pytest.raises(ValueError, match=r"^op 'add' defined twice$"):
+        define(OPS["add"])
+    with pytest.raises(ValueError, match=r"^op 'probe': unknown family 'gadgets'$"):
+        define(Op("probe", ("x",), {}, lambda x: x, family="gadgets"))
+    assert "probe" not in OPS
+    assert repr(REQUIRED) == "<required>"  # how a required attribute shows in a row's signature and messages
