@@ -108,3 +108,21 @@ def test_a_jax_peer_runs_ops_and_compiled_graphs():
         for _ in range(2):
             out = f(*(em.asarray(h, device=remote) for h in hosts))
             np.testing.assert_allclose(em.asnumpy(out), em.asnumpy(_mlp(*map(em.asarray, hosts))), rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape, kernel, stride, padding", [((1, 1, 3, 6), (2, 2), (2, 2), (0, 1)),
+                                                           ((1, 1, 6, 3), (2, 2), (2, 2), (1, 0)),
+                                                           ((2, 2, 3, 6), (3, 2), (2, 2), (1, 1))])
+def test_convolution_input_gradients_that_made_xla_abort(shape, kernel, stride, padding):
+    """jax.vjp's transposed convolution made XLA 0.10's algebraic simplifier abort the whole process for these shapes
+    (a check failure, not an exception); the jax kernel writes the transposed convolution out instead."""
+    rng = np.random.default_rng(0)
+    host, kernel_values = rng.standard_normal(shape), rng.standard_normal((2, shape[1], *kernel))
+    grads = []
+    for device in ("numpy", "jax:cpu"):
+        x = em.asarray(host, device=em.autodiff(device)).requires_grad_()
+        weight = em.asarray(kernel_values, device=x.device)
+        y = em.nn.avg_pool2d(x, kernel, stride=stride, padding=padding)
+        (em.sum(y * y) + em.sum(em.nn.conv2d(x, weight, stride=stride, padding=padding))).backward()
+        grads.append(em.asnumpy(x.grad))
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-10, atol=1e-12)

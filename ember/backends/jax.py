@@ -308,8 +308,21 @@ def _conv2d(x, weight, *bias, stride, padding, dilation, groups):
 
 
 def _conv2d_input_grad(g, weight, shape, stride, padding, dilation, groups):
-    _, pullback = jax.vjp(lambda x: _conv(x, weight, stride, padding, dilation, groups), jnp.zeros(shape, g.dtype))
-    return pullback(g)[0]
+    """The transposed convolution written out: g spread over a stride-sized grid, convolved with the kernel flipped
+    and its channels swapped within each group. (jax.vjp's transpose, and lax's lhs_dilation, make XLA 0.10's
+    algebraic simplifier abort the process for some shapes: a (1, 1, 3, 6) input, 2x2 windows, stride 2, padding
+    (0, 1).)"""
+    o, per_group, kh, kw = weight.shape
+    flipped = (weight.reshape(groups, o // groups, per_group, kh, kw).transpose(0, 2, 1, 3, 4)
+               .reshape(groups * per_group, o // groups, kh, kw)[:, :, ::-1, ::-1])
+    pads = []
+    for n, k, s, p, d in zip(shape[2:], (kh, kw), stride, padding, dilation):
+        reach = d * (k - 1) + 1  # the dilated window
+        pads.append((reach - 1 - p, reach - 1 - p + (n + 2 * p - reach) % s))  # the rows the strides left out, at the end
+    (sh, sw), (batch, channels, oh, ow) = stride, g.shape
+    spread = jnp.zeros((batch, channels, (oh - 1) * sh + 1, (ow - 1) * sw + 1), g.dtype).at[:, :, ::sh, ::sw].set(g)
+    return lax.conv_general_dilated(spread, flipped, window_strides=(1, 1), padding=pads, rhs_dilation=dilation,
+                                    feature_group_count=groups, dimension_numbers=("NCHW", "OIHW", "NCHW"))
 
 
 def _conv2d_weight_grad(x, g, shape, stride, padding, dilation, groups):
