@@ -8,6 +8,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import functools  # noqa: E402
 import inspect  # noqa: E402
+import sys  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +18,12 @@ settings.register_profile("ember", max_examples=int(os.environ.get("EMBER_EXAMPL
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                  HealthCheck.filter_too_much])
 settings.load_profile("ember")
+
+# hypothesis's pytest plugin (6.170) gives each parametrized call of a test new settings whose parent is the settings
+# the previous call left on the function, so a test with a thousand parametrizations (the bad-input cases times three
+# devices) reads its database through a chain a thousand settings deep, one Python frame a link: beyond Python's
+# default recursion limit of 1000, which CI (CI=1: hypothesis's ci profile) reached
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 5000))
 
 
 def torch_available() -> bool:
