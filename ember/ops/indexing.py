@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import dtypes as dt
 from ..errors import ArgumentError, DTypeError, IndexingError, ShapeError
 from .gradients import scatter_back, unbroadcast
-from .table import Meta, Op, broadcast_shapes, define, fmt_shape, normalize_axis, require
+from .table import Meta, Op, broadcast_shapes, broadcasts_to, define, fmt_shape, normalize_axis, require
 
 ELLIPSIS = "..."
 
@@ -128,11 +128,7 @@ define(Op("getitem", ("x", "*indices"), {"key": ()}, _getitem_meta, family="inde
 
 def _setitem_meta(x, value, *arrays, key):
     target = index_shape(x.shape, key, arrays)
-    try:
-        fits = None in target or broadcast_shapes(target, value.shape) == target
-    except ShapeError:
-        fits = False
-    if not fits:
+    if None not in target and not broadcasts_to(value.shape, target):
         raise ShapeError(f"value of shape {fmt_shape(value.shape)} cannot be broadcast to the shape {fmt_shape(target)} "
                          f"the key selects from {fmt_shape(x.shape)}")
     if value.dtype is not x.dtype:

@@ -16,7 +16,7 @@ from .table import (
     Op,
     as_int,
     as_shape,
-    broadcast_shapes,
+    broadcasts_to,
     define,
     fmt_shape,
     normalize_axis,
@@ -385,17 +385,10 @@ def _attention_meta(q, k, v, *mask, is_causal, scale):
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
         raise ShapeError(f"q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)} and v {fmt_shape(v.shape)} do not fit together")
     scores = q.shape[:-1] + k.shape[-2:-1]  # (..., L, S)
-    if mask and not _broadcasts_to(mask[0].shape, scores):  # added to the scores, it may not grow them
+    if mask and not broadcasts_to(mask[0].shape, scores):  # added to the scores, it may not grow them
         raise ShapeError(f"mask must broadcast to the scores' shape {fmt_shape(scores)} for q {fmt_shape(q.shape)}, k "
                          f"{fmt_shape(k.shape)} and v {fmt_shape(v.shape)}, got {fmt_shape(mask[0].shape)}")
     return Meta(q.shape[:-1] + v.shape[-1:], q.dtype)
-
-
-def _broadcasts_to(shape: tuple, target: tuple) -> bool:
-    try:
-        return broadcast_shapes(shape, target) == target
-    except ShapeError:
-        return False
 
 
 def _attention_grad(xp, g, out, q, k, v, *mask, is_causal, scale):

@@ -71,6 +71,14 @@ def _kind(value):
     return tuple(map(_kind, value)) if type(value) is tuple else type(value)
 
 
+def broadcasts_to(shape: tuple, target: tuple) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` without growing it."""
+    try:
+        return broadcast_shapes(shape, target) == target
+    except ShapeError:
+        return False
+
+
 def _small(metas: tuple, values: tuple, out: tuple) -> bool:
     return (all(len(m.shape) <= _CACHED_LENGTH for m in (*metas, *out))
             and all(type(v) is not tuple or len(v) <= _CACHED_LENGTH for v in values))
@@ -131,7 +139,11 @@ class Op:
             values = tuple(attrs.values())
             # types are part of the key, inside tuples too: True, 1 and 1.0 are equal but give different
             # dtypes, and axis=(False, True) is refused where (0, 1) is not
-            key = (self, metas, values, tuple(map(_kind, values))) if values else (self, metas)
+            if values:
+                kinds = tuple(map(type, values))
+                key = (self, metas, values, tuple(map(_kind, values)) if tuple in kinds else kinds)
+            else:
+                key = (self, metas)
             replaced, out = _META_CACHE[key]
             return ({**attrs, **replaced} if replaced else attrs), out
         except KeyError:
