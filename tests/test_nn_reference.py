@@ -52,6 +52,21 @@ def test_activations(device, name):
     assert_close(getattr(em.nn, name.split("-")[0])(*on(device, X), **attrs), reference(X))
 
 
+GELU_SLOPES = {  # d/dv of the activations above, by hand: Φ(v) + v φ(v); the tanh form by the chain rule
+    "none": elementwise(lambda v: 0.5 * (1 + math.erf(v / math.sqrt(2))) + v * math.exp(-v * v / 2) / math.sqrt(2 * math.pi)),
+    "tanh": elementwise(lambda v: 0.5 * (1 + math.tanh(SQRT_2_OVER_PI * (v + 0.044715 * v ** 3)))
+                        + 0.5 * v * (1 - math.tanh(SQRT_2_OVER_PI * (v + 0.044715 * v ** 3)) ** 2)
+                        * SQRT_2_OVER_PI * (1 + 3 * 0.044715 * v ** 2)),
+}
+
+
+@pytest.mark.parametrize("approximate", GELU_SLOPES)
+def test_gelu_grad(device, rng, approximate):
+    """The cotangent row gelu's gradient runs on: g · gelu'(x)."""
+    g = rng.standard_normal(X.shape)
+    assert_close(em.nn.gelu_grad(*on(device, g, X), approximate=approximate), g * GELU_SLOPES[approximate](X))
+
+
 def softmax_ref(x, axis):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)

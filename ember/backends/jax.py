@@ -25,6 +25,7 @@ from .. import dtypes as dt
 from ..errors import NotSupportedError
 from ..ops.creation import arange_length
 from ..ops.indexing import decode_key
+from ..ops.nn import GELU_A, GELU_C
 from .base import Backend
 from .numpy_nn import GOLDEN, MIX1, MIX2
 
@@ -358,9 +359,19 @@ def _attention(q, k, v, *mask, is_causal, scale):
     return jax.nn.softmax(scores, axis=-1) @ v
 
 
+@functools.partial(jax.jit, static_argnames="approximate")
+def _gelu_grad(g, x, approximate):
+    """g · gelu'(x), one fused XLA computation."""
+    if approximate == "tanh":
+        t = jnp.tanh(GELU_C * (x + GELU_A * (x * x * x)))
+        return g * (0.5 * (1 + t + x * (1 - t * t) * (GELU_C * (1 + 3 * GELU_A * (x * x)))))
+    return g * (0.5 * (1 + lax.erf(x / math.sqrt(2))) + x * jnp.exp(-0.5 * (x * x)) / math.sqrt(2 * math.pi))
+
+
 KERNELS.update({
     "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid, "silu": jax.nn.silu,
     "gelu": lambda x, approximate: jax.nn.gelu(x, approximate=approximate == "tanh"),
+    "gelu_grad": _gelu_grad,
     "softmax": lambda x, axis: jax.nn.softmax(x, axis=axis), "log_softmax": lambda x, axis: jax.nn.log_softmax(x, axis=axis),
     "cross_entropy": _cross_entropy,
     "mse_loss": lambda x, y, reduction: _reduce((x - y) ** 2, reduction),

@@ -7,6 +7,8 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..ops.nn import GELU_A, GELU_C
+
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
@@ -28,6 +30,35 @@ def _gelu(x, approximate):
         t *= 0.5  # exact: halving (0.5 x first, as written above, rounds the same)
         return t
     return (0.5 * x * (1 + np.asarray(_erf(x / math.sqrt(2)), dtype=x.dtype))).astype(x.dtype, copy=False)
+
+
+def _gelu_grad(g, x, approximate):
+    """g · gelu'(x) in two buffers, the result's and one more: the table's rule written out of ops would make
+    about 17 passes, and each fresh buffer of a few hundred KiB costs about as much as a pass in page faults."""
+    if approximate == "tanh":
+        # gelu' = 0.5 (1 + t) + 0.5 x u' (1 - t²), t = tanh(u), u = c (x + a x³), u' = c (1 + 3 a x²). With
+        # W = (1 - t) / 2 = 1 / (1 + e^(2u)) that is (1 - W)(1 + 2 x u' W): W, then 1 - W, in one buffer
+        out = np.multiply(x, x, out=np.empty_like(x))
+        w = np.multiply(out, GELU_A, out=np.empty_like(x))
+        w += 1
+        w *= x
+        w *= 2 * GELU_C
+        with np.errstate(over="ignore"):  # e^(2u) = inf: W = 0, as tanh(u) = 1
+            np.exp(w, out=w)
+        w += 1
+        np.reciprocal(w, out=w)
+        out *= 3 * GELU_A
+        out += 1
+        out *= 2 * GELU_C
+        out *= x
+        out *= w
+        out += 1
+        np.subtract(1, w, out=w)
+        out *= w
+        out *= g
+        return out
+    cdf = 0.5 * (1 + np.asarray(_erf(x / math.sqrt(2)), dtype=x.dtype))  # Φ(x) + x φ(x)
+    return (g * (cdf + x * np.exp(-0.5 * (x * x)) / math.sqrt(2 * math.pi))).astype(x.dtype, copy=False)
 
 
 def _log_softmax(x, axis):
@@ -173,6 +204,7 @@ KERNELS = {
     "sigmoid": _sigmoid,
     "silu": lambda x: x * _sigmoid(x),
     "gelu": _gelu,
+    "gelu_grad": _gelu_grad,
     "softmax": _softmax,
     "log_softmax": _log_softmax,
     "cross_entropy": _cross_entropy,

@@ -415,6 +415,7 @@ def _layer_norm(x, *affine, normalized_shape, eps):
 NN_KERNELS = {
     "relu": torch.relu, "sigmoid": torch.sigmoid, "silu": F.silu,
     "gelu": lambda x, approximate: F.gelu(x, approximate=approximate),
+    "gelu_grad": lambda g, x, approximate: torch.ops.aten.gelu_backward(g, x, approximate=approximate),
     "softmax": lambda x, axis: torch.softmax(x, axis), "log_softmax": lambda x, axis: torch.log_softmax(x, axis),
     "cross_entropy": lambda logits, target, reduction: F.cross_entropy(logits, target.long(), reduction=reduction),
     "mse_loss": lambda x, y, reduction: F.mse_loss(x, y, reduction=reduction),

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from .. import dtypes as dt
+from ..ops.nn import GELU_A, GELU_C
 from ..ops.table import Meta
 from .onnx_lowering import LOWERINGS, lowering, mean_of, reduce
 from .onnx_math import erf64
@@ -31,6 +32,25 @@ def _gelu(b, xs, ins, outs, approximate):
     scaled = b.node("Mul", [x, b.scalar(1 / math.sqrt(2), dtype)])
     erf = erf64(b, scaled) if dtype is dt.float64 else b.node("Erf", [scaled])
     return b.node("Mul", [half, b.node("Add", [b.scalar(1, dtype), erf])])
+
+
+@lowering("gelu_grad")
+def _gelu_grad(b, xs, ins, outs, approximate):
+    """g · gelu'(x): g · 0.5 (1 + t + x (1 - t²) u') for tanh's form, g · (Φ(x) + x φ(x)) for the exact one."""
+    (g, x), dtype = xs, outs[0].dtype
+    mul, add = (lambda p, q: b.node("Mul", [p, q])), (lambda p, q: b.node("Add", [p, q]))
+    c = lambda v: b.scalar(v, dtype)
+    square = mul(x, x)
+    if approximate == "tanh":
+        t = b.node("Tanh", [mul(mul(add(mul(square, c(GELU_A)), c(1)), x), c(GELU_C))])
+        du = mul(add(mul(square, c(3 * GELU_A)), c(1)), c(GELU_C))
+        slope = mul(add(add(mul(mul(b.node("Sub", [c(1), mul(t, t)]), du), x), t), c(1)), c(0.5))
+    else:
+        scaled = mul(x, c(1 / math.sqrt(2)))
+        erf = erf64(b, scaled) if dtype is dt.float64 else b.node("Erf", [scaled])
+        density = mul(b.node("Exp", [mul(square, c(-0.5))]), c(1 / math.sqrt(2 * math.pi)))
+        slope = add(mul(add(erf, c(1)), c(0.5)), mul(x, density))
+    return mul(slope, g)
 
 
 for _name, _type in (("softmax", "Softmax"), ("log_softmax", "LogSoftmax")):

@@ -27,37 +27,62 @@ from .table import (
 FLOAT = "real floating"
 
 
-def _activation(name, doc, attrs=None, *, grad):
+def _activation(name, doc, attrs=None, *, grad, canon=None):
     def meta(x, **_):
         require(x.dtype, FLOAT)
         return Meta(x.shape, x.dtype)
 
-    define(Op(name, ("x",), attrs or {}, meta, family="nn", lift=True, grad=grad, doc=doc))
+    define(Op(name, ("x",), attrs or {}, meta, canon, family="nn", lift=True, grad=grad, doc=doc))
 
 
 def _sigmoid(xp, x):
     return 1 / (1 + xp.exp(-x))
 
 
-_SQRT_2PI = math.sqrt(2 * math.pi)
-
-
-def _gelu_grad(xp, g, out, x, approximate):
-    if approximate == "tanh":
-        c = math.sqrt(2 / math.pi)
-        inner = c * (x + 0.044715 * (x * x * x))
-        t = xp.tanh(inner)
-        return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)),)
-    cdf = xp.where(x != 0, out / xp.where(x != 0, x, 1.0), 0.5)  # Φ(x) = gelu(x) / x
-    return (g * (cdf + x * xp.exp(-0.5 * x * x) / _SQRT_2PI),)
-
-
 _activation("relu", "max(x, 0).", grad=lambda xp, g, out, x: (xp.where(x > 0, g, 0.0),))
 _activation("sigmoid", "1 / (1 + exp(-x)), computed stably.", grad=lambda xp, g, out, x: (g * out * (1 - out),))
 _activation("silu", "x · sigmoid(x).",
             grad=lambda xp, g, out, x: (g * (_sigmoid(xp, x) * (1 + x * (1 - _sigmoid(xp, x)))),))
+
+# GELU's gradient is its own row, gelu_grad(g, x) = g · gelu'(x): written out of the table's ops it is about 17
+# elementwise passes and a second tanh, where a kernel (torch's gelu_backward, NumPy's in one buffer) makes a few
+_GELU_APPROXIMATIONS = ("none", "tanh")
+_SQRT_2PI = math.sqrt(2 * math.pi)
+GELU_C, GELU_A = math.sqrt(2 / math.pi), 0.044715  # tanh's form: 0.5 x (1 + tanh(c (x + a x³)))
+
+
+def _gelu_canon(*metas, approximate):
+    if approximate not in _GELU_APPROXIMATIONS:
+        raise ArgumentError(f"approximate must be one of {_GELU_APPROXIMATIONS}, got {approximate!r}")
+    return None
+
+
 _activation("gelu", "x · Φ(x), or its tanh approximation with approximate='tanh'.", attrs={"approximate": "none"},
-            grad=_gelu_grad)
+            canon=_gelu_canon, grad=lambda xp, g, out, x, approximate: (xp.nn.gelu_grad(g, x, approximate=approximate),))
+
+
+def _gelu_grad_meta(g, x, approximate):
+    require(g.dtype, FLOAT, "g")  # and so x: the namespace gave both one dtype
+    if g.shape != x.shape:
+        raise ShapeError(f"g {fmt_shape(g.shape)} must have the shape of x {fmt_shape(x.shape)}")
+    return Meta(x.shape, g.dtype)
+
+
+def _gelu_second_derivative(xp, x, approximate):
+    if approximate == "tanh":  # (1 - t²)(u' - x t u'² + 3 c a x²), t = tanh(u), u = c (x + a x³)
+        t = xp.tanh(GELU_C * (x + GELU_A * (x * x * x)))
+        du = GELU_C * (1 + 3 * GELU_A * (x * x))
+        return (1 - t * t) * (du - x * t * (du * du) + 3 * GELU_C * GELU_A * (x * x))
+    return xp.exp(-0.5 * (x * x)) / _SQRT_2PI * (2 - x * x)  # φ(x) (2 - x²)
+
+
+def _gelu_grad_grad(xp, gg, out, g, x, approximate):
+    return (xp.nn.gelu_grad(gg, x, approximate=approximate), gg * g * _gelu_second_derivative(xp, x, approximate))
+
+
+define(Op("gelu_grad", ("g", "x"), {"approximate": "none"}, _gelu_grad_meta, _gelu_canon, family="nn",
+          promote_inputs=True, grad=_gelu_grad_grad,
+          doc="The cotangent of gelu's input for output cotangent g: g · gelu'(x), in gelu's approximation."))
 
 
 def _axis_meta(x, axis):

@@ -23,6 +23,19 @@ _activation("relu")
 _activation("sigmoid")
 _activation("silu")
 _activation("gelu", extra=lambda g: {"approximate": g.choice(["none", "tanh"])})
+BAD_EXAMPLES["gelu"] = [BAD_EXAMPLES["gelu"], samples.refusal([(3,)], {"approximate": "erf"}, ArgumentError)]
+
+
+def _gelu_grad_examples(g):
+    shape, dtype = g.shape(), g.dtype(FLOAT)
+    return (g.array(shape, dtype), g.array(shape, dtype)), {"approximate": g.choice(["none", "tanh"])}
+
+
+EXAMPLES["gelu_grad"] = _gelu_grad_examples
+BRANCHES = {name: [{"approximate": "none"}, {"approximate": "tanh"}] for name in ("gelu", "gelu_grad")}
+BAD_EXAMPLES["gelu_grad"] = [samples.refusal([(3,), (4,)], {"approximate": "none"}, ShapeError),
+                             samples.refusal([(3,), (3,)], {"approximate": "Tanh"}, ArgumentError),
+                             samples.refusal([(3,), (3,)], {"approximate": "none"}, DTypeError, [dt.int64, dt.int64])]
 
 
 def _axis_examples(g):
