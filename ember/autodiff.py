@@ -14,7 +14,7 @@ import threading
 
 from . import dtypes as dt
 from .array import Array, _new_array
-from .devices import AutodiffDevice, Device
+from .devices import AutodiffDevice
 from .devices import device as as_device
 from .engines.autodiff import Var, grad_enabled, set_grad_enabled
 from .errors import DeviceError, DTypeError, EmberError, NotSupportedError
@@ -169,7 +169,7 @@ def _run_backward(roots: list, seeds: list) -> dict:
         rule = row.grad
         if isinstance(rule, NotDifferentiable):
             raise NotSupportedError(f"backward: {rule.reason}")
-        inner = _inner_device(node, gs)
+        inner = next(g.device for g in gs if g is not None)
         ins = tuple(_new_array(v.handle, v.meta, inner) if type(v) is Var else v[0] for v in node.inputs)  # or a literal
         outs = tuple(_new_array(h, m, inner) for h, m in zip(node.outputs, node.metas))
         if row.multiple:
@@ -188,13 +188,6 @@ def _run_backward(roots: list, seeds: list) -> dict:
     return {leaves[k]: g for k, g in cot.items() if k in leaves}
 
 
-def _inner_device(node, gs) -> Device:
-    for g in gs:
-        if g is not None:
-            return g.device
-    raise EmberError("backward: no cotangent")
-
-
 # --- the functional API ----------------------------------------------------------------------------------
 
 _tracing = threading.local()  # .depth: how many grad functions are running their function now, in this thread
@@ -202,8 +195,6 @@ _tracing = threading.local()  # .depth: how many grad functions are running thei
 
 def _track(x) -> Array:
     """A fresh leaf requiring grad over x's value, on autodiff(x's device)."""
-    if not isinstance(x, Array):
-        raise DTypeError(f"grad: differentiated arguments must be ember arrays (or containers of them), got {type(x).__name__}")
     if getattr(_tracing, "depth", 0) and getattr(x._handle, "requires_grad", False):
         # the inner grad would differentiate a detached copy: the outer gradient would be a silent zero
         raise NotSupportedError("grad: higher-order gradients are not supported: this grad runs inside another and "
@@ -228,6 +219,9 @@ def value_and_grad(function, argnums=0, has_aux: bool = False):
         for i in nums:
             leaves: list = []
             structure = flatten(args[i], leaves)
+            if structure[0] == "static":  # a number, a string: flatten keeps it as it is, and it has no gradient
+                raise DTypeError(f"grad: differentiated arguments must be ember arrays (or containers of them), "
+                                 f"got {type(args[i]).__name__}")
             ad = [_track(leaf) for leaf in leaves]
             tracked[i] = (structure, ad)
             args[i] = unflatten(structure, ad)
