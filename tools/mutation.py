@@ -34,8 +34,11 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "optim": (["ember/optim.py"], ["tests/test_optim.py", "tests/test_train.py"]),
     "autodiff": (["ember/autodiff.py", "ember/engines/autodiff.py"],
                  ["tests/test_autodiff_api.py", "tests/test_autodiff.py", "tests/test_array.py", "tests/test_optim.py"]),
-    "graphs": (["ember/graphs/*"], ["tests/test_capture.py", "tests/test_graph_files.py", "tests/test_graph_views.py",
-                                   "tests/test_jit.py", "tests/test_readme.py"]),
+    "graphs": ([f"ember/graphs/{name}.py" for name in ("scope", "graph", "files", "jit", "verify")],
+               ["tests/test_capture.py", "tests/test_graph_files.py", "tests/test_graph_views.py", "tests/test_jit.py",
+                "tests/test_verify.py", "tests/test_graph_cli.py", "tests/test_readme.py"]),
+    # ONNX export and import, judged by their own tests (each row exported, run by onnxruntime, compared)
+    "onnx": (["ember/graphs/onnx*.py"], ["tests/test_onnx.py", "tests/test_onnx_import.py"]),
     "wire": (["ember/wire/protocol.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
     "session": (["ember/remote/session.py"], ["tests/test_session.py", "tests/test_budget.py", "tests/test_fuzz.py",
                                               "tests/test_hardening.py", "tests/test_remote.py"]),
