@@ -179,6 +179,12 @@ def test_a_grad_inside_a_grad_is_refused_only_for_a_value_the_outer_one_tracks()
                                                    r"inside another and differentiates a value the outer one tracks$"):
         em.grad(outer)(em.ones(2))
 
+    def outer_after_an_inner(x):  # the count is a count: one inner grad ending does not end the outer's
+        em.grad(lambda y: em.sum(y * y))(em.ones(2))
+        em.grad(lambda y: em.sum(y * x))(x)
+    with pytest.raises(em.NotSupportedError, match=r"^grad: higher-order gradients are not supported"):
+        em.grad(outer_after_an_inner)(em.ones(2))
+
     inner_grads = []
 
     def loss(x):
@@ -209,7 +215,9 @@ def test_grad_in_a_new_thread_starts_from_the_defaults():
         assert em.is_grad_enabled()
         y = x * 3
         assert y.requires_grad
-        return em.asnumpy(em.grad(lambda v: em.sum(v * v))(x))
+        first = em.asnumpy(em.grad(lambda v: em.sum(v * v))(x))
+        np.testing.assert_array_equal(em.asnumpy(em.grad(lambda v: em.sum(v * v * v))(x)), [3.0, 12.0])  # count back at 0
+        return first
     with em.no_grad():
         np.testing.assert_array_equal(_in_a_new_thread(work), [2.0, 4.0])
 
@@ -304,3 +312,10 @@ def test_a_float32_gradient_is_computed_in_float32_throughout():
 
 def test_the_grad_property_is_documented_for_help():
     assert "accumulated by ``backward``" in em.Array.grad.__doc__
+
+
+def test_a_value_off_the_tape_feeds_a_gradient_rule():
+    """x > 0 is off the tape (a comparison has no gradient) yet where's rule reads it, with its shape."""
+    x = _leaf([2.0, -3.0, 0.5])
+    em.sum(em.where(x > 0, x * x, -x)).backward()
+    np.testing.assert_array_equal(em.asnumpy(x.grad), [4.0, -1.0, 1.0])
