@@ -99,6 +99,7 @@ def _errors(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float, boo
         same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
         gap = np.where(same, 0.0, np.abs(actual - expected)).astype(np.float64)
         size = np.abs(expected).astype(np.float64)
+        size = np.where(np.isnan(size), 0.0, size)  # a NaN's tolerance is none (rtol · NaN would refuse even a NaN it meets)
         rtol, atol = TOLERANCES[dt.FROM_NUMPY[expected.dtype]]
         finite = size[np.isfinite(size)]
         atol *= max(1.0, float(finite.max(initial=0)))
