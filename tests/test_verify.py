@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import ember as em
-
 from ember.graphs.verify import _errors, sample_inputs
 
 from .conftest import torch_available
@@ -140,7 +139,8 @@ def test_a_graph_without_ops_verifies_with_nothing_to_compare():
         cap.output(x, name="y")
     report = cap.graph.verify(["numpy", "numpy"])
     assert report.ok and report.ops == 0 and report.max_errors == {}
-    assert str(report) == "verified 0 ops on numpy, numpy (reference numpy): every intermediate agrees within its dtype's tolerance"
+    assert str(report) == ("verified 0 ops on numpy, numpy (reference numpy): every intermediate agrees within its "
+                           "dtype's tolerance")
 
 
 @needs_torch
