@@ -3,6 +3,8 @@ on purpose is caught at the op where the difference starts, and named with its i
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,7 @@ def test_integer_outputs_must_be_equal():
     (np.array([1, 0], np.uint8), np.array([0, 0], np.uint8), (1.0, np.inf, False)),  # off a zero: infinitely
     (np.array([True]), np.array([False]), (1.0, np.inf, False)),
     (np.array([1.0, 2.0 + 1e-10]), np.array([1.0, 2.0]), (1e-10, 5e-11, True)),  # float64: rtol 1e-9
+    (np.array([0.6, 0.25]), np.array([0.5, 0.25]), (0.1, 0.2, False)),  # relative to a value below one
     (np.array([1.0, 2.0 + 1e-6]), np.array([1.0, 2.0]), (1e-6, 5e-7, False)),
     (np.array([np.nan, 1.0]), np.array([np.nan, 1.0]), (0.0, 0.0, True)),  # NaNs in the same places agree
     (np.array([np.nan, 1.0]), np.array([0.5, 1.0]), (np.inf, np.inf, False)),
@@ -79,7 +82,9 @@ def test_integer_outputs_must_be_equal():
 ])
 def test_errors_by_dtype(actual, expected, errors):
     """(max abs error, max rel error, within tolerance) for the tolerances of the op table's own tests."""
-    got = _errors(actual, expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no division by a zero size along the way
+        got = _errors(actual, expected)
     if errors is None:  # computed here from the dtype's documented tolerance
         gap = float(np.max(np.abs(actual.astype(np.complex128) - expected.astype(np.complex128))))
         size = float(np.max(np.abs(expected)))
@@ -203,3 +208,41 @@ def test_outputs_fixed_only_up_to_sign_are_not_compared(monkeypatch):
     symmetric = np.array([[2.0, 1.0, 0.0], [1.0, 3.0, 0.5], [0.0, 0.5, 1.0]])
     report = cap.graph.verify(["numpy", "torch:cpu"], inputs=[symmetric])
     assert report.ok, str(report)
+
+
+def test_the_report_lists_each_dtypes_errors():
+    """The report lists each dtype's largest errors, in order."""
+    with em.capture() as cap:
+        x = cap.input((2,), em.float64, name="x")
+        cap.output(em.argmax(x * 2.0), name="i")
+        cap.output(em.round(x * 2.0 * 0.0), name="zero")
+    graph = cap.graph
+    report = graph.verify(["numpy", "numpy"], inputs=[np.array([1.0, 2.0])])
+    assert str(report).endswith("(float64: max abs 0, max rel 0; int64: max abs 0, max rel 0)")
+
+
+@needs_torch
+def test_errors_accumulate_per_dtype_over_ops(monkeypatch):
+    """An early op off by 1 (relative 0.5), later ops exact: the report keeps 1 and 0.5."""
+    kernels = em.device("torch:cpu").engine.backend.kernels
+    with em.capture() as cap:
+        x = cap.input((1,), em.float64, name="x")
+        cap.output(em.floor(x * 2.0) * 0.0, name="y")
+    multiply = kernels["multiply"]
+    monkeypatch.setitem(kernels, "multiply", lambda a, b: multiply(a, b) + (1.0 if float(b) == 2.0 else 0.0))
+    report = cap.graph.verify(["numpy", "torch:cpu"], inputs=[np.array([1.0])])
+    assert report.max_errors["float64"] == (1.0, 0.5)
+
+
+@needs_torch
+def test_an_undetermined_output_does_not_hide_the_outputs_after_it(monkeypatch):
+    """svd's U comes first and is not compared (its columns' signs are free); S after it still is."""
+    kernels = em.device("torch:cpu").engine.backend.kernels
+    svd = kernels["svd"]
+    monkeypatch.setitem(kernels, "svd", lambda x, full_matrices: (lambda u, s, vh: (u, s * 1.01, vh))(
+        *svd(x, full_matrices=full_matrices)))
+    with em.capture() as cap:
+        a = cap.input((3, 3), em.float64, name="a")
+        cap.output(em.linalg.svd(a)[1], name="s")
+    report = cap.graph.verify(["numpy", "torch:cpu"], inputs=[np.diag([3.0, 2.0, 1.0])])
+    assert not report.ok and (report.divergence.op, report.divergence.output) == ("svd", 1)
