@@ -146,3 +146,12 @@ def test_render_draws_with_graphviz_in_the_format_of_the_suffix(graph, tmp_path,
     assert path == tmp_path / name and path.read_bytes().startswith(magic)
     if magic == b"<?xml":
         assert all(word in path.read_text() for word in ("matmul", "astype", "(2, 4) complex64"))
+
+
+def test_byte_sizes_and_counts_are_shown_in_their_units_at_each_boundary():
+    from ember.graphs.graph import _count
+    assert [em.graphs.format_bytes(n) for n in (0, 1023, 1024, 1536, 1024 ** 2 - 1, 1024 ** 2, 1024 ** 3 - 1,
+                                                 1024 ** 3, 5 * 1024 ** 4)] == [
+        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1024.0 KiB", "1.0 MiB", "1024.0 MiB", "1.0 GiB", "5120.0 GiB"]
+    assert [_count(n) for n in (999, 1000, 1500, 999_999, 10 ** 6, 10 ** 9 - 1, 10 ** 9, 2 * 10 ** 12)] == [
+        "999", "1.0k", "1.5k", "1000.0k", "1.0M", "1000.0M", "1.0G", "2000.0G"]

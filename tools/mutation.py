@@ -41,7 +41,8 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "onnx": (["ember/graphs/onnx*.py"], ["tests/test_onnx.py", "tests/test_onnx_import.py"]),
     "wire": (["ember/wire/protocol.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
     "session": (["ember/remote/session.py"], ["tests/test_session.py", "tests/test_budget.py", "tests/test_fuzz.py",
-                                              "tests/test_hardening.py", "tests/test_remote.py"]),
+                                              "tests/test_hardening.py", "tests/test_remote.py",
+                                              "tests/test_transfers.py", "tests/test_distributed.py"]),  # peer to peer
     "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],
                  ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_autodiff_api.py", "tests/test_graph_files.py",
                   "tests/test_session.py", "tests/test_budget.py",

@@ -236,11 +236,13 @@ class CapturedGraph:
 
 def format_bytes(n: int) -> str:
     """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB"):
         n /= 1024
-    return f"{n} B"
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
 
 
 def _many(n: int, noun: str) -> str:
