@@ -73,6 +73,8 @@ def test_integer_outputs_must_be_equal():
     (np.array([np.nan, 1.0]), np.array([0.5, 1.0]), (np.inf, np.inf, False)),
     (np.array([0.5, 1.0]), np.array([np.nan, 1.0]), (np.inf, np.inf, False)),
     (np.array([np.inf, -1.0]), np.array([np.inf, -1.0]), (0.0, 0.0, True)),
+    (np.array([np.inf]), np.array([np.inf]), (0.0, 0.0, True)),  # nothing finite to scale atol by
+    (np.array([1.0, 1.5e-11]), np.array([1.0, 0.0]), (1.5e-11, np.inf, False)),  # atol exactly 1e-11 below one
     (np.array([1e6, 1e-6]), np.array([1e6, 0.0]), (1e-6, np.inf, True)),  # atol grows with the largest value
     (np.array([1.0, 1e-6]), np.array([1.0, 0.0]), (1e-6, np.inf, False)),  # … and not below 1e-11
     (np.array([np.inf, 1.0]), np.array([np.inf, 0.0]), (1.0, np.inf, False)),  # an infinity does not scale it
