@@ -290,3 +290,18 @@ def test_graph_replays_on_torch_like_numpy():
         cap.output(em.cumulative_sum(em.exp(x) / 3.0), name="y")
     host = np.linspace(-1, 1, 5, dtype=np.float32)
     np.testing.assert_allclose(em.asnumpy(cap.graph(host, device="torch:cpu")), em.asnumpy(cap.graph(host)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("target", [name for name in LOCAL_DEVICES if name != "numpy"] or ["numpy"])
+def test_a_replay_moves_inputs_to_the_device_it_runs_on(target):
+    """graph(x, device=d) runs on d whatever x's device: an array elsewhere (or a host array) is moved there
+    first, an array already there is used as it is."""
+    with em.capture() as cap:
+        x = cap.input((3,), em.float64, name="x")
+        cap.output(em.sin(x) * 2.0, name="y")
+    host = np.array([0.1, 0.2, 0.3])
+    for value in (em.asarray(host), host, em.asarray(host, device=target)):
+        out = cap.graph(value, device=target)
+        assert out.device is em.device(target)
+        np.testing.assert_allclose(em.asnumpy(out), np.sin(host) * 2.0, rtol=1e-15)
+    assert cap.graph(em.asarray(host, device=target)).device is em.device(target)  # by default, x's device
