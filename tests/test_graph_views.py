@@ -155,3 +155,15 @@ def test_byte_sizes_and_counts_are_shown_in_their_units_at_each_boundary():
         "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1024.0 KiB", "1.0 MiB", "1024.0 MiB", "1.0 GiB", "5120.0 GiB"]
     assert [_count(n) for n in (999, 1000, 1500, 999_999, 10 ** 6, 10 ** 9 - 1, 10 ** 9, 2 * 10 ** 12)] == [
         "999", "1.0k", "1.5k", "1000.0k", "1.0M", "1000.0M", "1.0G", "2000.0G"]
+
+
+@pytest.mark.parametrize("count", [6, 7])
+def test_the_summary_lists_six_inputs_and_outputs_then_says_how_many_more(count):
+    with em.capture() as cap:
+        xs = [cap.input((1,), em.float64, name=f"x{i}") for i in range(count)]
+        for i, x in enumerate(xs):
+            cap.output(x + 1.0, name=f"y{i}")
+    text = str(cap.graph)
+    assert text.count("  input  x") == text.count("  output y") == 6
+    more = [line.strip() for line in text.splitlines() if line.strip().startswith("…")]
+    assert more == ([] if count == 6 else ["… and 1 more input", "… and 1 more output"])
