@@ -24,7 +24,7 @@ from .dtypes import (bool_ as bool, complex64, complex128, float32, float64, int
                      uint16, uint32, uint64)
 from .errors import (AccessDenied, ArgumentError, AxisError, CaptureError, ConnectionLost, DeviceError, DTypeError, EmberError,
                      ExecutionError, HostDeviceError, IndexingError, NotSupportedError, PeerBusy, ProtocolError,
-                     ResourceLimitError, ScalarOverflowError, ShapeError, TLSError)
+                     ResourceLimitError, ScalarOverflowError, ShapeError, SignatureError, TLSError)
 from .namespace import fft, linalg, nn
 from .namespace.creation import *  # noqa: F403
 from .namespace.data_types import *  # noqa: F403

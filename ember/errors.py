@@ -65,6 +65,10 @@ class ArgumentError(EmberError, ValueError):
     """A bad non-array argument (a negative count, an unknown mode …)."""
 
 
+class SignatureError(EmberError, TypeError):
+    """Arguments that do not fit a call: a graph replay's inputs, by position or by name."""
+
+
 class DeviceError(EmberError, ValueError):
     """A bad device string, or arrays on two devices in one operation."""
 

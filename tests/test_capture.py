@@ -305,3 +305,22 @@ def test_a_replay_moves_inputs_to_the_device_it_runs_on(target):
         assert out.device is em.device(target)
         np.testing.assert_allclose(em.asnumpy(out), np.sin(host) * 2.0, rtol=1e-15)
     assert cap.graph(em.asarray(host, device=target)).device is em.device(target)  # by default, x's device
+
+
+def test_replay_arguments_that_do_not_fit_are_refused_naming_the_inputs():
+    """By position, by name, twice or missing: a SignatureError (an EmberError and a TypeError) saying which."""
+    with em.capture() as cap:
+        a, b = cap.input((1,), em.float64, name="a"), cap.input((1,), em.float64, name="b")
+        cap.output(a + b, name="y")
+    g, one = cap.graph, np.ones(1)
+    for call, message in [
+        (lambda: g(one, one, one), r"^replay: the graph takes 2 inputs \(a, b\), got 3$"),
+        (lambda: g(one, c=one), r"^replay: the graph has no input 'c'; its inputs are a, b$"),
+        (lambda: g(one, a=one), r"^replay: input 'a' given twice$"),
+        (lambda: g(one), r"^replay: missing input 'b'$"),
+        (lambda: g(), r"^replay: missing input 'a'$"),
+    ]:
+        with pytest.raises(em.SignatureError, match=message) as refused:
+            call()
+        assert isinstance(refused.value, em.EmberError) and isinstance(refused.value, TypeError)
+    assert em.asnumpy(g(one, b=one * 2)).tolist() == [3.0]

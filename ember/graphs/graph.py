@@ -20,7 +20,7 @@ from .. import dtypes as dt
 from ..array import Array, _new_array
 from ..devices import default_device
 from ..devices import device as as_device
-from ..errors import DTypeError, NotSupportedError, ShapeError
+from ..errors import DTypeError, NotSupportedError, ShapeError, SignatureError
 from ..namespace.creation import asarray
 from ..ops import OPS
 from ..ops.records import LITERAL_METAS
@@ -64,17 +64,17 @@ class CapturedGraph:
     def _bind_inputs(self, args, kwargs) -> list:
         names = [name for name, _, _ in self.inputs]
         if len(args) > len(names):
-            raise TypeError(f"replay: the graph takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+            raise SignatureError(f"replay: the graph takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
         values = dict(zip(names, args))
         for key, value in kwargs.items():
             if key not in names:
-                raise TypeError(f"replay: the graph has no input {key!r}; its inputs are {', '.join(names)}")
+                raise SignatureError(f"replay: the graph has no input {key!r}; its inputs are {', '.join(names)}")
             if key in values:
-                raise TypeError(f"replay: input {key!r} given twice")
+                raise SignatureError(f"replay: input {key!r} given twice")
             values[key] = value
         missing = [n for n in names if n not in values]
         if missing:
-            raise TypeError(f"replay: missing input {missing[0]!r}")
+            raise SignatureError(f"replay: missing input {missing[0]!r}")
         return [values[n] for n in names]
 
     def verify(self, devices, inputs=None):
