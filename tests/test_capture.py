@@ -324,3 +324,21 @@ def test_replay_arguments_that_do_not_fit_are_refused_naming_the_inputs():
             call()
         assert isinstance(refused.value, em.EmberError) and isinstance(refused.value, TypeError)
     assert em.asnumpy(g(one, b=one * 2)).tolist() == [3.0]
+
+
+def test_a_graphs_constants_are_uploaded_once_per_engine():
+    """constant_handles keeps each engine's uploads: a graph replayed many times (on a peer, through autodiff)
+    uploads its constants once, and each engine gets its own."""
+    weights = np.arange(6.0).reshape(2, 3)
+    with em.capture() as cap:
+        x = cap.input((3,), em.float64, name="x")
+        cap.output(em.asarray(weights, device=cap.device) @ x, name="y")
+    graph = cap.graph
+    numpy_engine, tracked_engine = em.device("numpy").engine, em.autodiff("numpy").engine
+    first = graph.constant_handles(numpy_engine)
+    assert graph.constant_handles(numpy_engine) is first and len(first) == 1
+    np.testing.assert_array_equal(next(iter(first.values())), weights)
+    assert graph.constant_handles(tracked_engine) is graph.constant_handles(tracked_engine) is not first
+    x = em.asarray([1.0, 0.0, -1.0], device=em.autodiff("numpy")).requires_grad_()
+    for _ in range(2):
+        np.testing.assert_array_equal(em.asnumpy(graph(x)), weights @ [1.0, 0.0, -1.0])

@@ -167,3 +167,17 @@ def test_the_summary_lists_six_inputs_and_outputs_then_says_how_many_more(count)
     assert text.count("  input  x") == text.count("  output y") == 6
     more = [line.strip() for line in text.splitlines() if line.strip().startswith("…")]
     assert more == ([] if count == 6 else ["… and 1 more input", "… and 1 more output"])
+
+
+def test_flops_count_each_family_by_its_rule():
+    """Contractions 2·M·N·K by their rows' rules (tensordot and vecdot read their axes), reductions their
+    inputs' elements, elementwise ops their outputs' elements, everything else nothing."""
+    with em.capture() as cap:
+        a = cap.input((4, 5), em.float64, name="a")
+        b = cap.input((5, 3), em.float64, name="b")
+        t = em.tensordot(a, b, axes=([1], [0]))  # 2 · 12 · 5 = 120
+        v = em.vecdot(a, a)  # 2 · 4 · 5 = 40
+        s = em.sum(t)  # 12
+        e = em.exp(v)  # 4
+        cap.output(em.reshape(e, (2, 2)) + s, name="y")  # reshape 0, add 4
+    assert cap.graph.flops() == 120 + 40 + 12 + 4 + 4
