@@ -201,6 +201,13 @@ def test_named_inputs_outputs_initializers_and_a_dynamic_batch(tmp_path):
         np.testing.assert_allclose(out, em.asnumpy(other(em.asarray(x))), rtol=1e-9, atol=1e-11)
 
 
+def test_the_batch_is_fixed_unless_asked_for(tmp_path):
+    graph, _ = spirals_forward(batch=16)
+    model = onnx.load(str(graph.to_onnx(tmp_path / "fixed.onnx")))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [16, 2] and not dims[0].dim_param
+
+
 def test_import_ember_does_not_import_onnx():
     import subprocess
     import sys
