@@ -342,3 +342,30 @@ def test_a_graphs_constants_are_uploaded_once_per_engine():
     x = em.asarray([1.0, 0.0, -1.0], device=em.autodiff("numpy")).requires_grad_()
     for _ in range(2):
         np.testing.assert_array_equal(em.asnumpy(graph(x)), weights @ [1.0, 0.0, -1.0])
+
+
+def test_every_scope_refusal_word_for_word():
+    """The capture scope's refusals name the call, the rule and the offender."""
+    with em.capture() as cap:
+        x = cap.input((2,), em.float64, name="x")
+        with pytest.raises(ScopeActiveError, match=r"^capture: a capture scope is already active in this thread; "
+                                                   r"close it first \(scopes do not nest\)$"):
+            em.capture().__enter__()
+        with pytest.raises(em.DTypeError, match=r"^input: dtype must be an ember dtype, got 'float64'$"):
+            cap.input((2,), "float64")
+        with pytest.raises(CaptureErrorBase, match=r"^input: an input named 'x' exists already$"):
+            cap.input((3,), name="x")
+        with pytest.raises(OutputError, match=r"^output: the value \(numpy\) was not produced in this capture scope$"):
+            cap.output(em.ones(2))
+        with pytest.raises(OutputError, match=r"^output: the value \(list\) was not produced in this capture scope$"):
+            cap.output([1.0, 2.0])
+        with pytest.raises(NoValueError, match=r"^input 'x' \(\(2,\) float64\) has no concrete value"):
+            em.asnumpy(x)
+        cap.output(x * 2, name="y")
+        with pytest.raises(OutputError, match=r"^output: an output named 'y' exists already$"):
+            cap.output(x * 3, name="y")
+    with pytest.raises(ScopeClosedError, match=r"^input: this capture scope is closed$"):
+        cap.input((2,))
+    with pytest.raises(ScopeClosedError, match=r"^output: this capture scope is closed$"):
+        cap.output(x)
+    assert [name for name, _, _ in cap.graph.inputs] == ["x"]
