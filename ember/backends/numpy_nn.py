@@ -18,12 +18,12 @@ def _sigmoid(x):
 
 
 def _gelu(x, approximate):
-    if approximate == "tanh":  # 0.5 x (1 + tanh(c (x + 0.044715 x³))), in one buffer: the same roundings, one allocation
+    if approximate == "tanh":  # 0.5 x (1 + tanh(c (x + a x³))), in one buffer: the same roundings, one allocation
         t = np.multiply(x, x, out=np.empty_like(x))
         t *= x
-        t *= 0.044715
+        t *= GELU_A
         t += x
-        t *= math.sqrt(2 / math.pi)
+        t *= GELU_C
         np.tanh(t, out=t)
         t += 1
         t *= x

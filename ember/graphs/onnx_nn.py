@@ -26,8 +26,8 @@ def _gelu(b, xs, ins, outs, approximate):
     half = b.node("Mul", [x, b.scalar(0.5, dtype)])
     if approximate == "tanh":
         cube = b.node("Mul", [b.node("Mul", [x, x]), x])
-        inner = b.node("Mul", [b.node("Add", [x, b.node("Mul", [cube, b.scalar(0.044715, dtype)])]),
-                               b.scalar(math.sqrt(2 / math.pi), dtype)])
+        inner = b.node("Mul", [b.node("Add", [x, b.node("Mul", [cube, b.scalar(GELU_A, dtype)])]),
+                               b.scalar(GELU_C, dtype)])
         return b.node("Mul", [half, b.node("Add", [b.scalar(1, dtype), b.node("Tanh", [inner])])])
     scaled = b.node("Mul", [x, b.scalar(1 / math.sqrt(2), dtype)])
     erf = erf64(b, scaled) if dtype is dt.float64 else b.node("Erf", [scaled])

@@ -45,7 +45,7 @@ _activation("silu", "x · sigmoid(x).",
             grad=lambda xp, g, out, x: (g * (_sigmoid(xp, x) * (1 + x * (1 - _sigmoid(xp, x)))),))
 
 # GELU's gradient is its own row, gelu_grad(g, x) = g · gelu'(x): written out of the table's ops it is about 17
-# elementwise passes and a second tanh, where a kernel (torch's gelu_backward, NumPy's in one buffer) makes a few
+# elementwise passes and a second tanh, where a kernel (torch's gelu_backward, NumPy's in two buffers) makes a few
 _GELU_APPROXIMATIONS = ("none", "tanh")
 _SQRT_2PI = math.sqrt(2 * math.pi)
 GELU_C, GELU_A = math.sqrt(2 / math.pi), 0.044715  # tanh's form: 0.5 x (1 + tanh(c (x + a x³)))
