@@ -20,18 +20,22 @@ def _silu(b, xs, ins, outs):
     return b.node("Mul", [xs[0], b.node("Sigmoid", xs)])
 
 
-@lowering("gelu")
-def _gelu(b, xs, ins, outs, approximate):
-    x, dtype = xs[0], ins[0].dtype
-    half = b.node("Mul", [x, b.scalar(0.5, dtype)])
+def _gelu_core(b, x, dtype, approximate):
+    """tanh(c (x + a x³)) for gelu's tanh form, erf(x / √2) for the exact one: both GELU rows' common part."""
     if approximate == "tanh":
         cube = b.node("Mul", [b.node("Mul", [x, x]), x])
         inner = b.node("Mul", [b.node("Add", [x, b.node("Mul", [cube, b.scalar(GELU_A, dtype)])]),
                                b.scalar(GELU_C, dtype)])
-        return b.node("Mul", [half, b.node("Add", [b.scalar(1, dtype), b.node("Tanh", [inner])])])
+        return b.node("Tanh", [inner])
     scaled = b.node("Mul", [x, b.scalar(1 / math.sqrt(2), dtype)])
-    erf = erf64(b, scaled) if dtype is dt.float64 else b.node("Erf", [scaled])
-    return b.node("Mul", [half, b.node("Add", [b.scalar(1, dtype), erf])])
+    return erf64(b, scaled) if dtype is dt.float64 else b.node("Erf", [scaled])
+
+
+@lowering("gelu")
+def _gelu(b, xs, ins, outs, approximate):
+    x, dtype = xs[0], ins[0].dtype
+    half = b.node("Mul", [x, b.scalar(0.5, dtype)])
+    return b.node("Mul", [half, b.node("Add", [b.scalar(1, dtype), _gelu_core(b, x, dtype, approximate)])])
 
 
 @lowering("gelu_grad")
@@ -40,16 +44,13 @@ def _gelu_grad(b, xs, ins, outs, approximate):
     (g, x), dtype = xs, outs[0].dtype
     mul, add = (lambda p, q: b.node("Mul", [p, q])), (lambda p, q: b.node("Add", [p, q]))
     c = lambda v: b.scalar(v, dtype)
-    square = mul(x, x)
+    core, square = _gelu_core(b, x, dtype, approximate), mul(x, x)
     if approximate == "tanh":
-        t = b.node("Tanh", [mul(mul(add(mul(square, c(GELU_A)), c(1)), x), c(GELU_C))])
         du = mul(add(mul(square, c(3 * GELU_A)), c(1)), c(GELU_C))
-        slope = mul(add(add(mul(mul(b.node("Sub", [c(1), mul(t, t)]), du), x), t), c(1)), c(0.5))
+        slope = mul(add(add(mul(mul(b.node("Sub", [c(1), mul(core, core)]), du), x), core), c(1)), c(0.5))
     else:
-        scaled = mul(x, c(1 / math.sqrt(2)))
-        erf = erf64(b, scaled) if dtype is dt.float64 else b.node("Erf", [scaled])
         density = mul(b.node("Exp", [mul(square, c(-0.5))]), c(1 / math.sqrt(2 * math.pi)))
-        slope = add(mul(add(erf, c(1)), c(0.5)), mul(x, density))
+        slope = add(mul(add(core, c(1)), c(0.5)), mul(x, density))
     return mul(slope, g)
 
 
