@@ -41,6 +41,8 @@ class Device:
     def engine(self):
         """The engine doing this device's work (created on first use)."""
         engine = self._engine
+        if engine is not None and engine.recheck:
+            engine.check()  # a remote session, before a new batch: did the peer end it meanwhile?
         if engine is None or engine.lost is not None:
             with self._lock:  # a lost engine (a peer that went away) is replaced by a new session
                 if self._engine is None or self._engine.lost is not None:

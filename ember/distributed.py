@@ -256,7 +256,8 @@ def _participants(arrays, what: str, name: str = "arrays") -> tuple[list[tuple[D
         if device.kind != "remote":
             raise DeviceError(f"{what}: {label} is on {device}, not on a compute peer: {_PEERS_ONLY}")
         if handle.engine.lost is not None:
-            raise ConnectionLost(f"{what}: {label} lives in a lost session with {device}; its data is gone")
+            from .engines.remote import lost_session  # the remote engine is loaded with the first session
+            raise lost_session(what, label, handle.engine)
         items.append((device, x if device is x.device else Array._new(handle, x._meta, device)))
     first_device, first = items[0][1].device, items[0][1]._meta
     for i, (device, x) in enumerate(items[1:], 1):

@@ -255,6 +255,30 @@ def test_peer_killed_mid_stream_raises_connection_lost(scheme):
         assert time.monotonic() - start < 10
 
 
+@pytest.mark.parametrize("scheme", REMOTE_SCHEMES)
+@pytest.mark.parametrize("end", ["stop", "kill"])
+def test_a_peer_restarted_at_the_same_address_is_met_with_a_new_session(scheme, end):
+    """A cached device whose peer ended and whose address another peer took: the first use after that
+    opens a session with the new peer, checked against its limits, not written into the dead connection."""
+    first = Peer()
+    try:
+        device = em.device(first.url(scheme))
+        old = em.asarray(np.ones(1000, np.uint8), device=device)
+        assert int(em.sum(old)) == 1000
+    finally:
+        getattr(first, end)()
+    with Peer("--listen", first.address, "--max-tensor-bytes", "100") as second:
+        assert em.device(second.url(scheme)) is device  # the same cached device
+        with pytest.raises(em.ResourceLimitError, match="upload: a tensor of 1000 bytes exceeds .* limit of 100 bytes"):
+            em.asarray(np.zeros(1000, np.uint8), device=device)
+        fresh = em.asarray(np.arange(10, dtype=np.uint8), device=device)
+        np.testing.assert_array_equal(em.asnumpy(fresh + 1), np.arange(1, 11))
+        with pytest.raises(em.ConnectionLost, match=r"^add: an input lives in a lost session with .*; its data is gone "
+                                                   r"\(lost the connection to .*: the peer closed the"):
+            old + 1
+        assert float(em.sum(em.ones(5, device=device))) == 5.0  # the new session lives on
+
+
 def test_a_peer_stops_at_once_with_sessions_open():
     with Peer() as stopping:
         devices = [em.device(stopping.url(scheme)) for scheme in REMOTE_SCHEMES]

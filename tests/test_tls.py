@@ -146,6 +146,20 @@ def test_a_tls_peer_stops_at_once_with_sessions_open(pki):
             em.asnumpy(em.ones(2, device=devices[0]) + 1)
 
 
+@pytest.mark.parametrize("end", ["stop", "kill"])
+def test_a_tls_peer_restarted_at_the_same_address_is_met_with_a_new_session(pki, scheme, end):
+    first = Peer(*pki.local.serve_args())
+    try:
+        device = em.device(first.url(scheme), tls_ca=pki.ca)
+        assert float(em.sum(em.ones(1000, device=device))) == 1000.0
+    finally:
+        getattr(first, end)()
+    with Peer(*pki.local.serve_args(), "--listen", first.address, "--max-tensor-bytes", "100"):
+        with pytest.raises(em.ResourceLimitError, match="upload: a tensor of 1000 bytes exceeds .* limit of 100 bytes"):
+            em.asarray(np.zeros(1000, np.uint8), device=device)  # the new peer's limits, over a new TLS session
+        assert float(em.sum(em.ones(5, device=device))) == 5.0
+
+
 # --- certificates the client refuses ---------------------------------------------------------------
 
 def test_an_unknown_ca_is_refused_and_named(tls_peer, scheme):

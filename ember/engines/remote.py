@@ -38,6 +38,8 @@ DROP_IDS = 1 << 16       # dropped ids per message: very many go in frames of th
 DROP_BYTES = 1 << 20     # once the batch's ops have made this many bytes, drops go ahead of the next op
 DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
 KEEPALIVE = 30.0         # seconds a read waits through silence, by default (EMBER_KEEPALIVE)
+QUIET_SECONDS = 0.05     # a connection silent this long is asked whether the peer ended the session …
+QUIET_READ = 1.0         # … and a frame it holds is read within this many seconds
 _clock = time.perf_counter
 
 
@@ -57,6 +59,13 @@ class RemoteHandle:
 
 
 _new_handle = object.__new__
+
+
+def lost_session(what: str, subject: str, engine: RemoteEngine) -> ConnectionLost:
+    """The error for ``subject`` (an array of ``engine``'s ended session) used by ``what``: its data is
+    gone with the session, and the message says why the session ended."""
+    return ConnectionLost(f"{what}: {subject} lives in a lost session with {engine.device}; its data is gone "
+                          f"({engine.lost or 'the session ended'})")
 
 
 class RemoteEngine(Engine):
@@ -84,6 +93,7 @@ class RemoteEngine(Engine):
         self._pending_bytes = 0
         self._made_bytes = 0     # bytes the ops made since drops were last queued
         self._lock = threading.RLock()
+        self._last_io = _clock()  # when a frame was last sent or received
         self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
                          "graphs_registered": 0, "graph_runs": 0, "keepalives": 0}
 
@@ -99,7 +109,7 @@ class RemoteEngine(Engine):
                 if value.engine.lost is None:
                     raise DeviceError(f"{op.name}: an input lives in another session ({value.engine.device}); "
                                       f"move it with x.to_device({str(self.device)!r})")
-                raise ConnectionLost(f"{op.name}: an input lives in a lost session with {self.device}; its data is gone")
+                raise lost_session(op.name, "an input", value.engine)
             else:
                 refs.append((value, meta.dtype.name))  # a literal (ops/records.py)
         ids = self._ids
@@ -135,7 +145,7 @@ class RemoteEngine(Engine):
             raise self.lost
         for handle in inputs:
             if handle.engine is not self:
-                raise ConnectionLost(f"replay: an input lives in a lost session with {self.device}; its data is gone")
+                raise lost_session("replay", "an input", handle.engine)
         with self._lock:
             gid = self._graph_ids.get(graph)
             if gid is None:
@@ -209,7 +219,7 @@ class RemoteEngine(Engine):
         bytes), before the peer's transfer TTL runs out. Sent at once, after every op it depends on;
         no reply is awaited. A step of :meth:`move`, and of any plan moving tensors between peers."""
         if handle.engine is not self:
-            raise ConnectionLost(f"to_device: the array lives in a lost session with {self.device}; its data is gone")
+            raise lost_session("to_device", "the array", handle.engine)
         with self._lock:
             if not self._pending:
                 self._first_pending = _clock()
@@ -237,7 +247,7 @@ class RemoteEngine(Engine):
 
     def download(self, handle) -> np.ndarray:
         if handle.engine is not self:  # an array of an earlier session with this device
-            raise ConnectionLost(f"download: the array lives in a lost session with {self.device}; its data is gone")
+            raise lost_session("download", "the array", handle.engine)
         reply, segments = self._call(lambda rid: ("get", rid, handle.id), want_segments=True)
         return segments[reply[2]]
 
@@ -299,6 +309,26 @@ class RemoteEngine(Engine):
             self.counters["batches"] += 1
         except ConnectionLost as error:
             raise self._lose(error) from None
+        self._last_io, self.recheck = _clock(), True
+
+    def check(self) -> None:
+        """Before the next batch on a connection quiet for QUIET_SECONDS, read what the peer said
+        meanwhile (the device calls this): a session the peer ended — its idle timeout, a restart,
+        perhaps with another peer now at the address — is found lost now, and the device opens a
+        new one, rather than ops being written into a dead connection and checked against the old
+        session's limits until the next read."""
+        self.recheck = False
+        if _clock() - self._last_io < QUIET_SECONDS:
+            return
+        with self._lock:
+            try:
+                while self.lost is None and self.connection.readable():
+                    self._heed(self.connection.receive(QUIET_READ))  # only alive or error frames come unasked
+            except TimedOut:
+                pass  # part of a frame: the rest is read with the next reply
+            except ConnectionLost as error:
+                if self.lost is None:
+                    self._lose(error)
 
     def _lose(self, error: ConnectionLost) -> ConnectionLost:
         self.lost = ConnectionLost(f"lost the connection to {self.device}: {error}")
@@ -342,18 +372,25 @@ class RemoteEngine(Engine):
                         f"while it works: it is hung or unreachable")) from None
                 except ConnectionLost as error:
                     raise self._lose(error) from None
-                self.counters["bytes_down"] += wire.PREFIX_SIZE + sum(s.nbytes for s in frame.segments)
-                header = frame.header
-                if header.get("t") == "alive":  # the peer is still working on what we wait for
-                    self.counters["keepalives"] += 1
-                    continue
-                if header.get("t") == "error":
-                    raise self._lose(ConnectionLost(f"the peer ended the session: {header.get('reason')}"))
+                header = self._heed(frame)
                 for reply in header.get("m", ()):
                     if reply[1] == rid:
                         if reply[0] == "error":
                             raise wire.error_from_reply(reply[2], reply[3])
                         return (reply, frame.segments) if want_segments else reply
+
+    def _heed(self, frame) -> dict:
+        """Count a received frame and return its header; the peer's end of the session is raised
+        as this session's loss, with its reason."""
+        self._last_io, self.recheck = _clock(), True
+        self.counters["bytes_down"] += wire.PREFIX_SIZE + sum(s.nbytes for s in frame.segments)
+        header = frame.header
+        kind = header.get("t")
+        if kind == "alive":  # the peer is still working on what we (or a batch before) wait for
+            self.counters["keepalives"] += 1
+        elif kind == "error":
+            raise self._lose(ConnectionLost(f"the peer ended the session: {header.get('reason')}"))
+        return header
 
 
 def keepalive_window() -> float | None:

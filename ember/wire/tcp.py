@@ -8,6 +8,7 @@ go through a scratch buffer so a small frame costs one system call. Sends are sc
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import time
@@ -46,6 +47,13 @@ def tune(sock: socket.socket) -> None:
     for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, option):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def waiting(sock: socket.socket) -> bool:
+    """Whether bytes (or the end of the stream) wait on ``sock``, so a read would not block:
+    asked without waiting, of decrypted TLS bytes too."""
+    pending = getattr(sock, "pending", None)  # TLS: bytes decrypted but not yet read
+    return bool(pending and pending()) or bool(select.select([sock], [], [], 0)[0])
 
 
 class TcpConnection:
@@ -106,6 +114,10 @@ class TcpConnection:
             self.sock.sendall(view)
         if small:
             self.sock.sendall(b"".join(small))
+
+    def readable(self) -> bool:
+        """Whether a frame, or the connection's end, waits to be received (asked without waiting)."""
+        return bool(self._frames) or waiting(self.sock)
 
     def receive(self, timeout: float | None = None) -> Frame:
         """The next frame (blocking). Each wait for bytes lasts at most ``timeout`` seconds (default:

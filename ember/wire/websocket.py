@@ -21,7 +21,7 @@ from websockets.uri import parse_uri
 
 from ..errors import ConnectionLost, ProtocolError
 from .protocol import PREFIX_SIZE, Frame, FrameReader, Limits
-from .tcp import TimedOut, tune, wait_limit
+from .tcp import TimedOut, tune, wait_limit, waiting
 from .tls import wrap_client
 
 _CHUNK = 4 << 20
@@ -118,6 +118,10 @@ class WebSocketConnection:
         if self.protocol.state is State.CLOSED and not events:
             raise ConnectionLost(f"the WebSocket closed: {self.protocol.close_exc}")
         return events
+
+    def readable(self) -> bool:
+        """Whether a frame, or the connection's end, waits to be received (asked without waiting)."""
+        return bool(self._frames) or self._peer_closed or waiting(self.sock)
 
     def receive(self, timeout: float | None = None) -> Frame:
         """The next frame (blocking). Each wait for bytes lasts at most ``timeout`` seconds (default:
