@@ -381,10 +381,13 @@ def test_a_backend_that_is_not_installed_cannot_be_hosted(monkeypatch):
     ("torch:cuda:0", ["torch:cuda:0", "torch:cuda:1", "torch:cuda:10"]),
     ("torch:cuda:7", ["torch:cuda:0", "torch:cuda:1", "torch:cuda:10"]),  # what it asked for need not be listed
     ("torch:mps", ["torch:mps"]),                                          # nothing of its kind listed: itself
+    ("jax:gpu:1", ["jax:gpu:0", "jax:gpu:1"]),                             # JAX's GPUs likewise
+    ("jax:cpu", ["jax:cpu"]),
 ])
 def test_a_peer_hosts_every_device_of_the_kind_it_serves(name, hosted):
     from ember.remote.session import same_kind
-    assert same_kind(name, ["torch:cpu", "torch:cuda:0", "torch:cuda:1", "torch:cuda:10", "torch:cudax", "numpy"]) == hosted
+    assert same_kind(name, ["torch:cpu", "torch:cuda:0", "torch:cuda:1", "torch:cuda:10", "torch:cudax", "numpy",
+                            "jax:cpu", "jax:gpu:0", "jax:gpu:1"]) == hosted
 
 
 def test_a_refusal_lists_every_hosted_device():

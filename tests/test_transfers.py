@@ -396,6 +396,237 @@ def test_grants_expire_end_with_their_session_and_are_forgotten_later():
     assert transfers.claim(caps[1], other.id) is None and not transfers.table  # forgotten: unknown again
 
 
+def _refusal(kind: str, reason: str, **extra):
+    """answer_fetch's return value for a refusal."""
+    return [({"t": "refuse", "kind": kind, "reason": reason, **extra}, [])], None
+
+
+def test_every_answer_to_a_fetch_frame_word_for_word(monkeypatch):
+    host = _host()
+    owner, reader = _open(host), _open(host)
+    caps = [secrets.token_bytes(32) for _ in range(5)]
+    _batch(owner, ("op", "full", (), (1,), {"shape": (2,), "fill_value": 1.5, "dtype": em.float64}),
+           ("grant", 1, caps[0], reader.id), ("grant", 9, caps[1], reader.id),  # tensor 9 does not exist
+           ("grant", 1, caps[2], reader.id), ("grant", 1, caps[3], reader.id))
+    assert owner.granted == 48  # three grants of tensor 1's 16 bytes; the failed one holds none
+
+    def answer(capability, final=True, **header):
+        frame = {"t": "fetch", "v": wire.VERSION, "capability": capability, "session": reader.id, **header}
+        return host.answer_fetch(Frame(frame, []), final=final)
+
+    assert answer(caps[0], v=wire.VERSION + 1) == _refusal(
+        "ProtocolError", f"protocol version {wire.VERSION + 1} is not supported: this peer speaks version {wire.VERSION}")
+    unknown = secrets.token_bytes(32)
+    assert answer(unknown, final=False) is None  # perhaps not granted yet: the shell waits and asks again
+    assert answer(unknown) == _refusal("AccessDenied", "unknown capability: this peer has not granted it (yet)",
+                                       retry=True)
+    assert answer(caps[1]) == _refusal("ExecutionError", "unknown tensor id 9 (dropped, or from another session)")
+    (reply,), grant = answer(caps[0])
+    assert reply[0] == {"t": "tensor"} and reply[1][0].tolist() == [1.5, 1.5]
+    grant.release()
+    assert answer(caps[0]) == _refusal("AccessDenied", "the capability was used already: each one authorizes a single read")
+
+    def broken(self):
+        raise failure
+    monkeypatch.setattr("ember.remote.transfers.Grant.download", broken)
+    failure = em.DeviceError("the device went away")
+    assert answer(caps[2]) == _refusal("DeviceError", "reading the granted tensor: the device went away")
+    failure = RuntimeError("out of host memory")  # not an ember error: an ExecutionError for the fetching side
+    assert answer(caps[3]) == _refusal("ExecutionError", "reading the granted tensor: out of host memory")
+    _batch(owner, ("sync", 2))
+    assert owner.granted == 0 and _balanced(owner)  # every grant, failed or refused, gave its bytes back
+
+
+def test_every_outcome_of_a_fetch_between_sessions_of_one_peer_word_for_word():
+    host = _host()
+    owner, reader = _open(host), _open(host)
+    caps = [secrets.token_bytes(32) for _ in range(3)]
+    _batch(owner, ("op", "full", (), (1,), {"shape": (2,), "fill_value": 1.5, "dtype": em.float64}),
+           ("grant", 1, caps[0], reader.id), ("grant", 9, caps[1], reader.id), ("grant", 1, caps[2], "another"))
+
+    def fetch(capability, final=True):
+        job = Fetch(5, Meta((2,), em.float64), "ember", "peer.example", 7878, capability, reader.id, True)
+        return host.fetch_locally(job, final=final), job
+
+    over, job = fetch(secrets.token_bytes(32), final=False)
+    assert not over and not job.done.is_set()  # perhaps not granted yet: asked again later
+    for capability, kind, message in [
+            (secrets.token_bytes(32), "AccessDenied", "unknown capability: the peer has not granted it"),
+            (caps[1], "ExecutionError", "unknown tensor id 9 (dropped, or from another session)"),
+            (caps[2], "AccessDenied", "the capability was granted to another session")]:
+        over, job = fetch(capability)
+        outcome = job.wait()
+        assert over and (outcome.kind, outcome.message) == (kind, f"transfer from ember://peer.example:7878: {message}")
+    over, job = fetch(caps[0])
+    assert over and job.wait().tolist() == [1.5, 1.5]  # the native array itself
+    _batch(owner, ("sync", 2))
+    assert owner.granted == 16 and _balanced(owner)  # the used grant gave its bytes back; the unclaimed one keeps its
+
+
+FULL = ("op", "full", (), (1,), {"shape": (2,), "fill_value": 1.5, "dtype": em.float64})  # tensor 1: 16 bytes
+
+
+def _refused(session, message) -> str:
+    with pytest.raises(ProtocolError) as refused:
+        _batch(session, message)
+    return str(refused.value)
+
+
+def test_every_malformed_grant_is_refused_word_for_word_at_its_boundaries():
+    host = _host()
+    owner = _open(host)
+    _batch(owner, FULL)
+    grant = ("grant", 1, b"k" * 32, "s")
+
+    def at(k, value):
+        return (*grant[:k], value, *grant[k + 1:])
+    for capability in (b"k" * 31, b"k" * 33, "k" * 32, bytearray(32), None):
+        assert _refused(owner, at(2, capability)) == "a capability is 32 random bytes"
+    for session in ("", "s" * 65, b"s", 7, None):
+        assert _refused(owner, at(3, session)) == "a grant names the session it is for"
+    assert _refused(owner, at(1, -1)) == "tensor ids are non-negative integers, got -1"
+    assert _refused(owner, at(1, True)) == "tensor ids are non-negative integers, got True"
+    _batch(owner, at(3, "s" * 64), ("grant", 1, b"l" * 32, "t"), ("grant", 0, b"j" * 32, "t"))  # the longest and
+    # shortest names; id 0
+    assert owner.granted == 32 and _balanced(owner)  # tensor 1 twice; id 0 holds nothing, a failure without bytes
+    assert _batch(owner, ("sync", 1)) == [("ok", 1)]
+
+
+def test_a_grant_over_the_quota_or_of_a_capability_in_use_is_refused_and_named():
+    host = _host(max_session_bytes=24)
+    owner, reader = _open(host), _open(host)
+    _batch(owner, FULL, ("grant", 1, b"a" * 32, reader.id))  # 16 + 16 bytes > 24: refused, the tensor lives on
+    assert owner.granted == 0 and owner.used == 16 and _balanced(owner)
+    assert host.answer_fetch(Frame({"t": "fetch", "v": wire.VERSION, "capability": b"a" * 32, "session": reader.id},
+                                   [])) == _refusal("ResourceLimitError", "grant of tensor 1: 16 more bytes would exceed "
+                                                                          "this session's quota of 24 bytes (16 in use)")
+    _batch(owner, ("drop", (1,)), ("op", "full", (), (2,), {"shape": (1,), "fill_value": 1.0, "dtype": em.float64}),
+           ("grant", 2, b"b" * 32, reader.id), ("grant", 2, b"b" * 32, reader.id))  # the second presents it again
+    assert owner.granted == 8 and owner.used == 16 and _balanced(owner)  # the refused second gave its 8 bytes back
+    assert _batch(owner, ("sync", 3)) == [("error", 3, "ResourceLimitError", "grant: this capability was granted "
+                                                                              "already; draw a new one for each transfer")]
+
+
+FETCH = ("fetch", 5, em.float64, (2,), "ember", "peer.example", 7878, b"c" * 32, "other peer")
+
+
+def test_every_malformed_fetch_is_refused_word_for_word_at_its_boundaries():
+    host = _host()
+    session = _open(host)
+
+    def at(k, value):
+        return (*FETCH[:k], value, *FETCH[k + 1:])
+    for k, value in [(2, "float64"), (2, None), (3, [2]), (3, (1,) * 65), (3, (2, -1)), (3, (True,)), (3, (2.0,))]:
+        assert _refused(session, at(k, value)) == "a fetch names the tensor's dtype and shape"
+    for k, value in [(4, "http"), (4, None), (5, ""), (5, "h" * 256), (5, b"h"), (6, 0), (6, 65536), (6, "7878"),
+                     (6, 7878.0), (8, "p" * 65), (8, None)]:
+        assert _refused(session, at(k, value)) == "a fetch names the source peer as scheme, host, port and identity"
+    for capability in (b"c" * 31, b"c" * 33, "c" * 32):
+        assert _refused(session, at(7, capability)) == "a capability is 32 random bytes"
+    assert _refused(session, at(1, -5)) == "tensor ids are non-negative integers, got -5"
+    _batch(session, at(3, (1,) * 64), ("fetch", 6, em.float64, (0, 2), "wss", "h" * 255, 65535, b"d" * 32, "p" * 64),
+           ("fetch", 7, em.float64, (), "embers", "h", 1, b"e" * 32, ""))  # every boundary accepted
+    assert [(job.tid, job.source, job.meta.shape) for job in session.fetches] == [
+        (5, "ember://peer.example:7878", (1,) * 64), (6, f"wss://{'h' * 255}:65535", (0, 2)), (7, "embers://h:1", ())]
+    assert session.sizes == {5: 8, 6: 0, 7: 8} and _balanced(session)
+
+
+def test_a_fetch_over_a_limit_is_refused_at_its_first_use_naming_the_transfer():
+    host = _host(max_tensor_bytes=16, max_session_bytes=40)
+    session = _open(host)
+
+    def fetch(tid, shape, capability):
+        return ("fetch", tid, em.float64, shape, "ember", "peer.example", 7878, capability, "other peer")
+    _batch(session, fetch(1, (3,), b"a" * 32), fetch(2, (2,), b"b" * 32), fetch(3, (2,), b"c" * 32),
+           fetch(4, (2,), b"d" * 32), fetch(5, (2,), b"e" * 32))
+    assert [job.tid for job in session.fetches] == [2, 3]  # 1 is too large, 4 and 5 find the quota full
+    assert session.used == 32 and _balanced(session)
+    assert _batch(session, ("get", 1, 1), ("get", 2, 4)) == [
+        ("error", 1, "ResourceLimitError", "transfer from ember://peer.example:7878: an output of shape (3,) float64 "
+                                           "exceeds the peer's tensor limit of 16 bytes"),
+        ("error", 2, "ResourceLimitError", "transfer from ember://peer.example:7878: 16 more bytes would exceed this "
+                                           "session's quota of 40 bytes (32 in use)")]
+
+
+def test_a_session_runs_at_most_so_many_fetches_at_once(monkeypatch):
+    monkeypatch.setattr("ember.remote.session.FETCHES_PER_SESSION", 3)
+    host = _host()
+    session = _open(host)
+    jobs = [("fetch", k, em.float64, (1,), "ember", "h", 1, bytes([k]) * 32, "p") for k in range(1, 6)]
+    _batch(session, *jobs[:4])
+    assert [job.tid for job in session.fetches] == [1, 2, 3]
+    assert _batch(session, ("get", 1, 4)) == [("error", 1, "ResourceLimitError", "transfer from ember://h:1: 3 transfers "
+                                                                                 "to this session are running already; "
+                                                                                 "read some of their tensors first")]
+    session.fetches[0].fail("ConnectionLost", "no shell here")  # one is done (unread): room for another
+    _batch(session, jobs[4])
+    assert [job.tid for job in session.fetches] == [1, 2, 3, 5] and _balanced(session)
+
+
+def test_a_fetch_into_an_id_in_use_replaces_its_tensor():
+    host = _host()
+    session = _open(host)
+    _batch(session, ("op", "full", (), (5,), {"shape": (4,), "fill_value": 1.0, "dtype": em.float64}), FETCH)
+    assert 5 not in session.tensors and session.sizes[5] == 16 and session.used == 16 and _balanced(session)
+    (job,) = session.fetches
+    job.receive(Frame({"t": "tensor"}, [np.array([3.0, 4.0])]))
+    assert _batch(session, ("shape", 1, (5,)), ("get", 2, 5))[0] == ("shapes", 1, ((2,),))
+
+
+def _fetch_into(session, *values):
+    """Fetch tensors 5, 6 … into ``session`` and complete each fetch with its value."""
+    start = len(session.fetches)
+    for k, value in enumerate(values):
+        _batch(session, ("fetch", 5 + k, em.float64, np.shape(value), "ember", "h", 1, bytes([k + 1]) * 32, "p"))
+    for job, value in zip(session.fetches[start:], values):
+        job.receive(Frame({"t": "tensor"}, [np.asarray(value, np.float64)]))
+
+
+def test_every_path_that_reads_a_fetched_tensor_waits_for_its_fetch():
+    host = _host()
+    session = _open(host)
+    _fetch_into(session, [1.0, 2.0], [3.0, 4.0], [5.0])
+    replies = _batch(session, ("op", "add", (5, 6), (8,), {}), ("get", 1, 8))
+    assert replies[0][0] == "data" and session.ops == 1  # the op waited for both fetches, and counts once
+    gid = 1
+    _batch(session, ("graph", gid, ((0, em.float64, (1,)),), (1,), (("negative", (0,), (1,), {}),), ()),
+           ("run", gid, (7,), (9,)))
+    assert [r[0] for r in _batch(session, ("get", 2, 9))] == ["data"] and session.graph_runs == 1
+    _fetch_into(session, [6.0])  # tensor 5 again: a sync settles it
+    assert _batch(session, ("sync", 3)) == [("ok", 3)] and not session.incoming and 5 in session.tensors
+
+
+def test_a_fetched_tensor_that_cannot_be_kept_is_poisoned_naming_the_transfer(monkeypatch):
+    host = _host()
+    session = _open(host)
+
+    def refuse(host_array):
+        raise failure
+    monkeypatch.setattr(session.engine, "upload", refuse)
+    for failure, kind in [(em.DeviceError("no room on the device"), "DeviceError"), (RuntimeError("odd"), "ExecutionError")]:
+        _fetch_into(session, [1.0])
+        assert _batch(session, ("get", 1, 5)) == [("error", 1, kind, f"transfer from ember://h:1: {failure}")]
+        assert _batch(session, ("sync", 2)) == [("error", 2, kind, f"transfer from ember://h:1: {failure}")]
+        session.fetches.clear()
+    _fetch_into(session, [1.0, 2.0])
+    session.fetches[0].fail("AccessDenied", "the capability was used already")
+    session.fetches.clear()
+    assert _batch(session, ("op", "negative", (5,), (6,), {}), ("get", 1, 6)) == [
+        ("error", 1, "AccessDenied", "transfer from ember://h:1: the capability was used already")]
+    assert session.errors["AccessDenied"] == 1 and _balanced(session)
+
+
+def test_dropping_or_overwriting_a_tensor_being_fetched_forgets_its_fetch():
+    host = _host()
+    session = _open(host)
+    _fetch_into(session, [1.0], [2.0], [3.0])
+    _batch(session, ("drop", (5,)), ("op", "full", (), (6,), {"shape": (1,), "fill_value": 9.0, "dtype": em.float64}),
+           ("op", "reshape", (6,), (7,), {"shape": (2,)}))  # refused (1 element into 2): a failure stored as 7
+    assert not session.incoming and 5 not in session.tensors and _balanced(session)
+    assert _batch(session, ("get", 1, 6))[0][0] == "data" and _batch(session, ("get", 2, 7))[0][:3] == ("error", 2,
+                                                                                                      "ShapeError")
+
+
 def test_a_fetch_checks_what_the_source_sends():
     meta = Meta((2, 2), em.float32)
     job = Fetch(1, meta, "embers", "::1", 7878, b"c" * 32, "s", False)

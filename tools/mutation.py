@@ -42,7 +42,8 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "wire": (["ember/wire/protocol.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
     "session": (["ember/remote/session.py"], ["tests/test_session.py", "tests/test_budget.py", "tests/test_fuzz.py",
                                               "tests/test_hardening.py", "tests/test_remote.py",
-                                              "tests/test_transfers.py", "tests/test_distributed.py"]),  # peer to peer
+                                              "tests/test_transfers.py", "tests/test_distributed.py",  # peer to peer
+                                              "tests/test_status.py"]),  # the peer's counters, its access rule
     "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],
                  ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_autodiff_api.py", "tests/test_graph_files.py",
                   "tests/test_session.py", "tests/test_budget.py",
@@ -128,6 +129,33 @@ def run_group(checkout: Path, modules: list[str], tests: list[str], children: in
             "untested": kept["no tests"], "timeouts": kept["timeout"]}
 
 
+def apply_hunk(source: str, hunk: list[str]) -> str | None:
+    """``source`` with one hunk of ``mutmut show``'s diff applied, or None if its lines are not found
+    exactly once. mutmut shows a method dedented as if it were a function, but leaves continuation
+    lines as they were, so lines are matched without their indentation and each new line takes the
+    indentation of the source line it replaces (plus any change the diff makes to it)."""
+    old = [line[1:] for line in hunk if not line.startswith("+")]
+    lines = source.split("\n")
+    key = [line.strip() for line in old]
+    starts = [i for i in range(len(lines) - len(old) + 1) if [x.strip() for x in lines[i:i + len(old)]] == key]
+    if len(starts) != 1:
+        return None
+    start, at, shift, out = starts[0], starts[0], 0, []
+
+    def indent(text: str) -> int:
+        return len(text) - len(text.lstrip())
+    for line in hunk:
+        text = line[1:]
+        if line.startswith("+"):
+            out.append(" " * max(indent(text) + shift, 0) + text.lstrip() if text.strip() else "")
+            continue
+        shift = indent(lines[at]) - indent(text)  # how far the source line sits from the line as shown
+        if not line.startswith("-"):
+            out.append(lines[at])
+        at += 1
+    return "\n".join(lines[:start] + out + lines[at:])
+
+
 def recheck(checkout: Path, survivors: dict, tests: list[str], seconds: float = None) -> dict:
     """Judge survivors again without mutmut: patch each one's diff (as ``mutmut show`` prints it)
     into a plain copy of the checkout and run ``tests``; {mutant: killed | survived | not applied}."""
@@ -149,16 +177,12 @@ def recheck(checkout: Path, survivors: dict, tests: list[str], seconds: float = 
             path = work / next(line[4:] for line in lines if line.startswith("--- "))
             hunk = lines[next(i for i, line in enumerate(lines) if line.startswith("@@")) + 1:]
             source = path.read_text()
-            for indent in ("", "    ", "        "):  # mutmut shows a method as if it were a function
-                old, new = ("\n".join(indent + line[1:] if line[1:] else "" for line in hunk if not line.startswith(drop))
-                            for drop in ("+", "-"))
-                if source.count(old) == 1:
-                    break
-            else:
+            patched = apply_hunk(source, hunk)
+            if patched is None:
                 verdicts[name] = "not applied"
                 print(f"{verdicts[name]:<12}{name}", flush=True)
                 continue
-            path.write_text(source.replace(old, new))
+            path.write_text(patched)
             try:
                 ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
                                      cwd=work, env=env, capture_output=True, timeout=seconds or RECHECK_SECONDS)
