@@ -230,6 +230,22 @@ def test_a_registered_graph_runs_with_its_constants_and_counts_its_ops():
     assert not session.graphs and not session.tensors and not session.metas
 
 
+def test_a_registered_graph_is_compiled_as_a_local_jit_is():
+    """Given its nodes' metas, the peer's plan runs an elementwise chain in one buffer (as em.jit does),
+    and counts each registration."""
+    import ember as em
+    with em.capture() as cap:
+        x = cap.input((1000,), em.float64, "x")
+        cap.output(-((x * 2.0 + 1.0) * 3.0), "y")
+    session = _open(_host())
+    _batch(session, register_message(1, cap.graph), register_message(2, cap.graph))
+    plan = session.graphs[1][2]
+    assert [step[2] is None for step in plan.steps] == [False, True, True, True]  # in place after the first step
+    assert session.graphs_registered == 2
+    (_, (y,)), = _batch(session, ("put", 1, 0), ("run", 1, (1,), (2,)), ("get", 3, 2), segments=[np.ones(1000)])
+    np.testing.assert_array_equal(y, np.full(1000, -9.0))
+
+
 @pytest.mark.parametrize("run, kind, message", [
     ((7, (1, 1), (9,)), "ProtocolError", "run: graph 7 takes 1 inputs and gives 1 outputs; got 2 input ids and 1 output ids"),
     ((7, (), (9,)), "ProtocolError", "run: graph 7 takes 1 inputs and gives 1 outputs; got 0 input ids and 1 output ids"),

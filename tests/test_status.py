@@ -264,3 +264,50 @@ def test_a_tls_peer_shows_its_status_over_https_only(pki):  # noqa: F811
         shown = subprocess.run([sys.executable, "-m", "ember.cli", "top", f"embers://{running.address}", "--once",
                                 "--tls-ca", pki.ca], capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "ember peer: numpy (numpy)" in shown.stdout, shown.stderr
+
+
+def test_counts_add_up_over_sessions_and_what_is_remembered_is_bounded():
+    from ember.remote.session import HISTORY, RECENT_ERRORS, Host, hosted_devices
+    from ember.wire import protocol as wire
+    from ember.wire.protocol import Frame, Limits
+
+    host = Host(hosted_devices("numpy"), None, Limits())
+    sessions = [host.open(Frame({"t": "init", "v": wire.VERSION}, []), address=f"10.0.0.{k}:1")[0] for k in range(3)]
+    for k, session in enumerate(sessions):  # session k makes k + 1 tensors
+        ops = tuple(("op", "full", (), (j,), {"shape": (1,), "fill_value": 1.0, "dtype": em.float64}) for j in range(k + 1))
+        session.handle(Frame({"t": "batch", "m": ops}, []))
+    assert host.totals()["ops"] == 6  # 1 + 2 + 3, over the open sessions
+    host.close(sessions[0])
+    host.close(sessions[1])
+    host.close(sessions[0])  # again: nothing changes, nothing raises
+    assert host.totals()["ops"] == 6 and list(host.clients.values()) == ["10.0.0.2:1"]
+    reads = tuple(("get", rid, 99) for rid in range(RECENT_ERRORS + 5))  # unknown tensor ids: each one a failure
+    sessions[2].handle(Frame({"t": "batch", "m": reads}, []))
+    assert sessions[2].errors["ExecutionError"] == RECENT_ERRORS + 5 and len(sessions[2].recent) == RECENT_ERRORS
+    for _ in range(RECENT_ERRORS + 5):
+        refused, _ = host.open(Frame({"t": "init", "v": wire.VERSION + 1}, []), address="9.9.9.9:9")
+        assert refused is None
+    assert host.errors["ProtocolError"] == RECENT_ERRORS + 5 and len(host.recent) == RECENT_ERRORS
+    assert host.recent[-1][1:3] == ("9.9.9.9:9", "ProtocolError")  # who was refused, and why
+    for now in range(HISTORY + 5):
+        host.sample(float(now))
+    assert len(host.history) == HISTORY and host.history[-1] == (float(HISTORY + 4), host.totals())
+
+
+def test_the_status_pages_access_rule_asks_each_hosted_device_as_the_handshake_does():
+    from ember.remote.session import Host, hosted_devices
+    from ember.wire.protocol import Limits
+
+    asked = []
+
+    def authorize(address, token, index):
+        asked.append((address, token, index))
+        if index == 0:
+            raise em.AccessDenied("not on the first device")  # the second may still admit
+        return {"alice's token": "alice", "anyone's": True}.get(token, False)
+    host = Host(hosted_devices("numpy") * 2, None, Limits(), authorize=authorize)
+    assert host.admits("1.2.3.4:5", "alice's token") == "alice"  # a name, when the rule gives one …
+    assert asked == [("1.2.3.4:5", "alice's token", 0), ("1.2.3.4:5", "alice's token", 1)]
+    assert host.admits("1.2.3.4:5", "anyone's") == "1.2.3.4:5"  # … else the address
+    assert host.admits("1.2.3.4:5", "nobody's") is None
+    assert Host(hosted_devices("numpy"), None, Limits()).admits("1.2.3.4:5", None) == "1.2.3.4:5"  # no rule: open

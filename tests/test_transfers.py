@@ -418,6 +418,8 @@ def test_every_answer_to_a_fetch_frame_word_for_word(monkeypatch):
         "ProtocolError", f"protocol version {wire.VERSION + 1} is not supported: this peer speaks version {wire.VERSION}")
     unknown = secrets.token_bytes(32)
     assert answer(unknown, final=False) is None  # perhaps not granted yet: the shell waits and asks again
+    assert host.answer_fetch(Frame({"t": "fetch", "v": wire.VERSION, "capability": unknown, "session": reader.id}, [])) \
+        == _refusal("AccessDenied", "unknown capability: this peer has not granted it (yet)", retry=True)  # final by default
     assert answer(unknown) == _refusal("AccessDenied", "unknown capability: this peer has not granted it (yet)",
                                        retry=True)
     assert answer(caps[1]) == _refusal("ExecutionError", "unknown tensor id 9 (dropped, or from another session)")
@@ -440,9 +442,10 @@ def test_every_answer_to_a_fetch_frame_word_for_word(monkeypatch):
 def test_every_outcome_of_a_fetch_between_sessions_of_one_peer_word_for_word():
     host = _host()
     owner, reader = _open(host), _open(host)
-    caps = [secrets.token_bytes(32) for _ in range(3)]
+    caps = [secrets.token_bytes(32) for _ in range(4)]
     _batch(owner, ("op", "full", (), (1,), {"shape": (2,), "fill_value": 1.5, "dtype": em.float64}),
-           ("grant", 1, caps[0], reader.id), ("grant", 9, caps[1], reader.id), ("grant", 1, caps[2], "another"))
+           ("grant", 1, caps[0], reader.id), ("grant", 9, caps[1], reader.id), ("grant", 1, caps[2], "another"),
+           ("op", "reshape", (1,), (3,), {"shape": (3,)}), ("grant", 3, caps[3], reader.id))  # 3 holds a ShapeError
 
     def fetch(capability, final=True):
         job = Fetch(5, Meta((2,), em.float64), "ember", "peer.example", 7878, capability, reader.id, True)
@@ -450,10 +453,13 @@ def test_every_outcome_of_a_fetch_between_sessions_of_one_peer_word_for_word():
 
     over, job = fetch(secrets.token_bytes(32), final=False)
     assert not over and not job.done.is_set()  # perhaps not granted yet: asked again later
+    job = Fetch(5, Meta((2,), em.float64), "ember", "peer.example", 7878, secrets.token_bytes(32), reader.id, True)
+    assert host.fetch_locally(job) and job.wait().kind == "AccessDenied"  # final by default
     for capability, kind, message in [
             (secrets.token_bytes(32), "AccessDenied", "unknown capability: the peer has not granted it"),
             (caps[1], "ExecutionError", "unknown tensor id 9 (dropped, or from another session)"),
-            (caps[2], "AccessDenied", "the capability was granted to another session")]:
+            (caps[2], "AccessDenied", "the capability was granted to another session"),
+            (caps[3], "ShapeError", "reshape: cannot reshape an array of shape (2,) (size 2) into shape (3,)")]:
         over, job = fetch(capability)
         outcome = job.wait()
         assert over and (outcome.kind, outcome.message) == (kind, f"transfer from ember://peer.example:7878: {message}")

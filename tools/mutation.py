@@ -13,6 +13,7 @@ figures and a reason for each survivor.
     python tools/mutation.py --checkout DIR     # another checkout (an older commit, say)
     python tools/mutation.py --modules ember/optim.py --tests tests/test_optim.py   # ad hoc
     python tools/mutation.py session --json s.json && python tools/mutation.py --recheck s.json --only BufferPool
+    python tools/mutation.py op-rules --names 'ember.ops.nn.x__gelu*'   # only some functions' mutants
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import fnmatch
 import json
 import os
 import re
@@ -87,8 +89,9 @@ def _config(modules: list[str], tests: list[str]) -> str:
             f"pytest_add_cli_args_test_selection = [{selection}]\ntimeout_multiplier = 2.0\ntimeout_constant = 5.0\n")
 
 
-def run_group(checkout: Path, modules: list[str], tests: list[str], children: int) -> dict:
-    """Mutate ``modules`` of ``checkout`` judged by ``tests``; {module: Counter of statuses}, survivors."""
+def run_group(checkout: Path, modules: list[str], tests: list[str], children: int, names: list[str] = ()) -> dict:
+    """Mutate ``modules`` of ``checkout`` judged by ``tests``; {module: Counter of statuses}, survivors.
+    With ``names`` (fnmatch patterns of mutant names), only those mutants are judged and counted."""
     with tempfile.TemporaryDirectory(prefix="ember-mutation-") as scratch:
         work = Path(scratch) / "checkout"
         shutil.copytree(checkout, work, ignore=LEFT_BEHIND)
@@ -104,7 +107,7 @@ def run_group(checkout: Path, modules: list[str], tests: list[str], children: in
         # gets one OpenMP thread and the jax device's tests are left out; --recheck runs them, without a fork.
         env = {"EMBER_EXAMPLES": "5", **os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
                "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-k 'not jax'"]))}
-        ran = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=work, env=env,
+        ran = subprocess.run([*mutmut, "run", "--max-children", str(children), *names], cwd=work, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         listing = subprocess.run([*mutmut, "results", "--all", "true"], cwd=work, env=env,
                                  capture_output=True, text=True).stdout
@@ -118,6 +121,8 @@ def run_group(checkout: Path, modules: list[str], tests: list[str], children: in
         kept = {"survived": {}, "no tests": {}, "timeout": {}}
         for line in listing.splitlines():
             match = STATUS.match(line)
+            if match and names and not any(fnmatch.fnmatch(line.strip().rsplit(":", 1)[0], n) for n in names):
+                continue
             if match:
                 status = match.group(2).strip()
                 counts[match.group(1)][status] += 1
@@ -213,6 +218,9 @@ def main(argv=None) -> int:
                         "verdicts) as JSON")
     parser.add_argument("--recheck", metavar="FILE", help="judge the survivors, untested and timed-out mutants in FILE (a --json "
                         "report) again without mutmut, by the tests that cannot run under it (or --tests); --only picks some")
+    parser.add_argument("--names", nargs="+", default=[], metavar="PATTERN",
+                        help="judge only the mutants whose names match these fnmatch patterns (the functions changed "
+                             "since a group's last run, say: 'ember.ops.nn.x__gelu*')")
     parser.add_argument("--only", metavar="TEXT", default="", help="with --recheck: survivors whose name contains TEXT")
     parser.add_argument("--seconds", type=float, help=f"with --recheck: a test run longer than this is a hang, caught as a "
                         f"timeout (default {RECHECK_SECONDS}; several times the tests' own time)")
@@ -243,7 +251,7 @@ def main(argv=None) -> int:
     for name, (modules, tests) in jobs.items():
         start = time.monotonic()
         print(f"mutating {name}: {', '.join(modules)} (judged by {', '.join(tests)}) …", file=sys.stderr, flush=True)
-        report[name] = run_group(args.checkout, modules, tests, args.children)
+        report[name] = run_group(args.checkout, modules, tests, args.children, args.names)
         report[name]["seconds"] = round(time.monotonic() - start)
     print(f"{'module':<32}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'untested':>9}{'kill rate':>10}")
     for result in report.values():

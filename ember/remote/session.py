@@ -213,10 +213,10 @@ class Session:
     """
 
     def __init__(self, engine: LocalEngine, limits: Limits, registry: Registry, pool: BufferPool, budget: Budget,
-                 transfers: Transfers | None = None, peer: str = ""):
+                 transfers: Transfers, peer: str):
         self.engine = engine
         self.id = uuid.uuid4().hex  # the session's name: grants bind a transfer to it
-        self.transfers = transfers if transfers is not None else Transfers()
+        self.transfers = transfers  # the peer's table of grants, shared by its sessions
         self.peer = peer            # the hosting peer's identity: a fetch from it needs no network
         self.runner = None          # the shell's: runner(fetch) starts a Fetch at once; None keeps them in fetches
         self.fetches: list[Fetch] = []
