@@ -499,6 +499,11 @@ def test_credit_at_its_edges():
     assert (lean.used, lean.credit, tight.budget.used) == (5 * MiB // 2, 0, 5 * MiB // 2)
     lean.handle(Frame({"t": "batch", "m": (("drop", (0, 1, 2)),)}, []))  # 2.5 MiB back: more than 2 credits, one kept
     assert (lean.used, lean.credit, tight.budget.used) == (0, CREDIT, CREDIT)
+    short = _host(session_bytes=1 << 40, memory=3 * MiB)
+    spare = _open(short)
+    spare.handle(Frame({"t": "batch", "m": (("put", 0, 0),)}, [np.ones(MiB // 16)]))  # ½ MiB used, 1 MiB of credit
+    spare.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [np.ones(MiB // 4)]))  # 2 MiB: the credit and 1 MiB more
+    assert (spare.used, spare.credit, short.budget.used) == (5 * MiB // 2, 0, 5 * MiB // 2)  # (no room for a new credit)
 
 
 def test_a_graph_run_may_fill_the_quota_exactly():

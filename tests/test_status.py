@@ -277,6 +277,9 @@ def test_counts_add_up_over_sessions_and_what_is_remembered_is_bounded():
         ops = tuple(("op", "full", (), (j,), {"shape": (1,), "fill_value": 1.0, "dtype": em.float64}) for j in range(k + 1))
         session.handle(Frame({"t": "batch", "m": ops}, []))
     assert host.totals()["ops"] == 6  # 1 + 2 + 3, over the open sessions
+    for _ in range(2):
+        sessions[2].handle(Frame({"t": "batch", "m": (("put", 9, 0),)}, [np.ones(3)]))
+    assert (sessions[2].bytes_in, sessions[2].round_trips) == (48, 0)  # two frames of 24 bytes; no reply asked for
     host.close(sessions[0])
     host.close(sessions[1])
     host.close(sessions[0])  # again: nothing changes, nothing raises

@@ -622,6 +622,22 @@ def test_a_fetched_tensor_that_cannot_be_kept_is_poisoned_naming_the_transfer(mo
     assert session.errors["AccessDenied"] == 1 and _balanced(session)
 
 
+def test_unknown_ids_are_refused_while_fetches_are_running():
+    host = _host()
+    session = _open(host)
+    _batch(session, ("fetch", 5, em.float64, (1,), "ember", "h", 1, b"c" * 32, "p"))  # never done: reads would wait
+    gid = 1
+    unknown = "unknown tensor id 99 (dropped, or from another session)"
+    assert _batch(session, ("get", 1, 99), ("op", "negative", (99,), (6,), {}), ("get", 2, 6),
+                  ("graph", gid, ((0, em.float64, (1,)),), (1,), (("negative", (0,), (1,), {}),), ()),
+                  ("run", gid, (99,), (7,)), ("get", 3, 7)) == [
+        ("error", 1, "ExecutionError", unknown), ("error", 2, "ExecutionError", f"negative: {unknown}"),
+        ("error", 3, "ExecutionError", f"run: {unknown}")]
+    _batch(session, ("op", "full", (), (8,), {"shape": (1,), "fill_value": 1.0, "dtype": em.float64}),
+           ("op", "full", (), (8,), {"shape": (2,), "fill_value": 2.0, "dtype": em.float64}))  # 8 written again
+    assert 5 in session.incoming and session.sizes[8] == 16 and _balanced(session)
+
+
 def test_dropping_or_overwriting_a_tensor_being_fetched_forgets_its_fetch():
     host = _host()
     session = _open(host)
