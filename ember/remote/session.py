@@ -736,7 +736,7 @@ class Session:
             reason = self._reserve(nbytes)
             if reason is not None:
                 value, nbytes = self._fail("ResourceLimitError", f"grant of tensor {tid}: {reason}"), 0
-        refusal = self.transfers.grant(Grant(capability, session, value, meta, self, nbytes))
+        refusal = self.transfers.grant(Grant(capability, session, value, self, nbytes))
         if refusal is not None:
             self._give(nbytes)
             self.unreported.append(self._fail("ResourceLimitError", refusal))

@@ -50,10 +50,10 @@ class Grant:
     failure that took its place), the session it is bound to, and when it expires. ``nbytes`` are
     counted against the owner's quota until the grant ends."""
 
-    __slots__ = ("capability", "session", "value", "meta", "expires", "owner", "nbytes", "state", "ended")
+    __slots__ = ("capability", "session", "value", "expires", "owner", "nbytes", "state", "ended")
 
-    def __init__(self, capability: bytes, session: str, value, meta: Meta | None, owner, nbytes: int):
-        self.capability, self.session, self.value, self.meta = capability, session, value, meta
+    def __init__(self, capability: bytes, session: str, value, owner, nbytes: int):
+        self.capability, self.session, self.value = capability, session, value
         self.owner, self.nbytes = owner, nbytes
         self.expires = 0.0
         self.state = "granted"   # granted → used | expired | revoked
