@@ -352,3 +352,35 @@ def test_define_refuses_a_second_row_of_one_name_and_an_unknown_family():
         define(Op("probe", ("x",), {}, lambda x: x, family="gadgets"))
     assert "probe" not in OPS
     assert repr(REQUIRED) == "<required>"  # how a required attribute shows in a row's signature and messages
+
+
+def test_the_rule_cache_serves_repeats_of_an_op_without_attributes():
+    calls = []
+    probe = Op("probe", ("x",), {}, lambda x: calls.append(x) or Meta(x.shape, x.dtype), family="utility")
+    metas = (Meta((2, 3), em.float64),)
+    for _ in range(3):
+        assert probe.infer(metas, {}) == ({}, metas)
+    assert len(calls) == 1
+
+
+def test_the_rows_whose_results_backends_may_give_differently_say_so():
+    """Backends may scale an eigenvector by a unit, order eigenvalues as they like, or leave memory unset: the
+    generated tests compare those outputs up to a unit, as sets, or not at all, as each row's flags say. The
+    rows and their flags, listed by hand: a flag lost would weaken those comparisons without failing them."""
+    flagged = {name: (op.determined, op.unit_free, op.unordered) for name, op in OPS.items()
+               if op.determined is not None or op.unit_free or op.unordered}
+    assert flagged == {"eig": ((0,), (1,), (0,)), "eigh": ((0,), (1,), ()), "eigvals": (None, (), (0,)),
+                       "empty": ((), (), ()), "qr": ((), (), ()), "svd": ((1,), (), ())}
+
+
+@pytest.mark.parametrize("axes, error, message", [
+    ((0, 2), em.AxisError, "axes (0, 2) are not a permutation of the 2 axes of shape (2, 3)"),
+    ((0, -3), em.AxisError, "axes (0, -3) are not a permutation of the 2 axes of shape (2, 3)"),
+    ((0,), em.AxisError, "axes (0,) are not a permutation of the 2 axes of shape (2, 3)"),
+    ((0, 1.5), em.ArgumentError, "axes must be an int, got 1.5"),
+])
+def test_permute_dims_refuses_axes_that_are_not_a_permutation(axes, error, message):
+    with pytest.raises(error) as refused:
+        em.permute_dims(em.ones((2, 3)), axes)
+    assert str(refused.value) == f"permute_dims: {message}"
+    assert em.permute_dims(em.ones((2, 3)), (-1, 0)).shape == (3, 2)
