@@ -362,13 +362,11 @@ def test_the_source_answers_a_fetch_once_and_only_to_its_session():
            ("grant", 1, capability, bound.id))
 
     def ask(session, presented=capability, **extra):
-        return host.answer_fetch(Frame({"t": "fetch", "v": wire.VERSION, "capability": presented, "session": session,
-                                        **extra}, []))
+        return host.answer_fetch(_fetch_frame(presented, session, **extra))
 
     (refusal,), none = ask("someone else")
     assert none is None and refusal[0]["reason"] == "the capability was granted to another session"
-    assert host.answer_fetch(Frame({"t": "fetch", "v": wire.VERSION, "capability": secrets.token_bytes(32),
-                                    "session": bound.id}, []), final=False) is None  # not granted yet: wait
+    assert host.answer_fetch(_fetch_frame(secrets.token_bytes(32), bound.id), final=False) is None  # not granted yet: wait
     (reply,), grant = ask(bound.id)
     assert reply[0] == {"t": "tensor"} and reply[1][0].tolist() == [1.0, 1.0]
     grant.release()
@@ -396,6 +394,21 @@ def test_grants_expire_end_with_their_session_and_are_forgotten_later():
     assert transfers.claim(caps[1], other.id) is None and not transfers.table  # forgotten: unknown again
 
 
+def _fetch_frame(capability, session, **header) -> Frame:
+    """The frame another peer presents to fetch a granted tensor (``Fetch.request``'s header)."""
+    return Frame({"t": "fetch", "v": wire.VERSION, "capability": capability, "session": session, **header}, [])
+
+
+def _fetch_message(tid, shape, capability, source=("ember", "h", 1), peer="p"):
+    """A session's ``fetch`` message: tensor ``tid`` (float64, ``shape``) from ``scheme, host, port``."""
+    return ("fetch", tid, em.float64, shape, *source, capability, peer)
+
+
+def _with(message: tuple, k: int, value) -> tuple:
+    """``message`` with field ``k`` replaced by ``value``."""
+    return (*message[:k], value, *message[k + 1:])
+
+
 def _refusal(kind: str, reason: str, **extra):
     """answer_fetch's return value for a refusal."""
     return [({"t": "refuse", "kind": kind, "reason": reason, **extra}, [])], None
@@ -411,15 +424,14 @@ def test_every_answer_to_a_fetch_frame_word_for_word(monkeypatch):
     assert owner.granted == 48  # three grants of tensor 1's 16 bytes; the failed one holds none
 
     def answer(capability, final=True, **header):
-        frame = {"t": "fetch", "v": wire.VERSION, "capability": capability, "session": reader.id, **header}
-        return host.answer_fetch(Frame(frame, []), final=final)
+        return host.answer_fetch(_fetch_frame(capability, reader.id, **header), final=final)
 
     assert answer(caps[0], v=wire.VERSION + 1) == _refusal(
         "ProtocolError", f"protocol version {wire.VERSION + 1} is not supported: this peer speaks version {wire.VERSION}")
     unknown = secrets.token_bytes(32)
     assert answer(unknown, final=False) is None  # perhaps not granted yet: the shell waits and asks again
-    assert host.answer_fetch(Frame({"t": "fetch", "v": wire.VERSION, "capability": unknown, "session": reader.id}, [])) \
-        == _refusal("AccessDenied", "unknown capability: this peer has not granted it (yet)", retry=True)  # final by default
+    assert host.answer_fetch(_fetch_frame(unknown, reader.id)) == _refusal(  # final by default
+        "AccessDenied", "unknown capability: this peer has not granted it (yet)", retry=True)
     assert answer(unknown) == _refusal("AccessDenied", "unknown capability: this peer has not granted it (yet)",
                                        retry=True)
     assert answer(caps[1]) == _refusal("ExecutionError", "unknown tensor id 9 (dropped, or from another session)")
@@ -483,16 +495,13 @@ def test_every_malformed_grant_is_refused_word_for_word_at_its_boundaries():
     owner = _open(host)
     _batch(owner, FULL)
     grant = ("grant", 1, b"k" * 32, "s")
-
-    def at(k, value):
-        return (*grant[:k], value, *grant[k + 1:])
     for capability in (b"k" * 31, b"k" * 33, "k" * 32, bytearray(32), None):
-        assert _refused(owner, at(2, capability)) == "a capability is 32 random bytes"
+        assert _refused(owner, _with(grant, 2, capability)) == "a capability is 32 random bytes"
     for session in ("", "s" * 65, b"s", 7, None):
-        assert _refused(owner, at(3, session)) == "a grant names the session it is for"
-    assert _refused(owner, at(1, -1)) == "tensor ids are non-negative integers, got -1"
-    assert _refused(owner, at(1, True)) == "tensor ids are non-negative integers, got True"
-    _batch(owner, at(3, "s" * 64), ("grant", 1, b"l" * 32, "t"), ("grant", 0, b"j" * 32, "t"))  # the longest and
+        assert _refused(owner, _with(grant, 3, session)) == "a grant names the session it is for"
+    assert _refused(owner, _with(grant, 1, -1)) == "tensor ids are non-negative integers, got -1"
+    assert _refused(owner, _with(grant, 1, True)) == "tensor ids are non-negative integers, got True"
+    _batch(owner, _with(grant, 3, "s" * 64), ("grant", 1, b"l" * 32, "t"), ("grant", 0, b"j" * 32, "t"))  # the longest and
     # shortest names; id 0
     assert owner.granted == 32 and _balanced(owner)  # tensor 1 twice; id 0 holds nothing, a failure without bytes
     assert _batch(owner, ("sync", 1)) == [("ok", 1)]
@@ -503,9 +512,8 @@ def test_a_grant_over_the_quota_or_of_a_capability_in_use_is_refused_and_named()
     owner, reader = _open(host), _open(host)
     _batch(owner, FULL, ("grant", 1, b"a" * 32, reader.id))  # 16 + 16 bytes > 24: refused, the tensor lives on
     assert owner.granted == 0 and owner.used == 16 and _balanced(owner)
-    assert host.answer_fetch(Frame({"t": "fetch", "v": wire.VERSION, "capability": b"a" * 32, "session": reader.id},
-                                   [])) == _refusal("ResourceLimitError", "grant of tensor 1: 16 more bytes would exceed "
-                                                                          "this session's quota of 24 bytes (16 in use)")
+    assert host.answer_fetch(_fetch_frame(b"a" * 32, reader.id)) == _refusal(
+        "ResourceLimitError", "grant of tensor 1: 16 more bytes would exceed this session's quota of 24 bytes (16 in use)")
     _batch(owner, ("drop", (1,)), ("op", "full", (), (2,), {"shape": (1,), "fill_value": 1.0, "dtype": em.float64}),
            ("grant", 2, b"b" * 32, reader.id), ("grant", 2, b"b" * 32, reader.id))  # the second presents it again
     assert owner.granted == 8 and owner.used == 16 and _balanced(owner)  # the refused second gave its 8 bytes back
@@ -513,25 +521,23 @@ def test_a_grant_over_the_quota_or_of_a_capability_in_use_is_refused_and_named()
                                                                               "already; draw a new one for each transfer")]
 
 
-FETCH = ("fetch", 5, em.float64, (2,), "ember", "peer.example", 7878, b"c" * 32, "other peer")
+ELSEWHERE = ("ember", "peer.example", 7878)  # a source peer, never connected to here
+FETCH = _fetch_message(5, (2,), b"c" * 32, ELSEWHERE, "other peer")
 
 
 def test_every_malformed_fetch_is_refused_word_for_word_at_its_boundaries():
     host = _host()
     session = _open(host)
-
-    def at(k, value):
-        return (*FETCH[:k], value, *FETCH[k + 1:])
     for k, value in [(2, "float64"), (2, None), (3, [2]), (3, (1,) * 65), (3, (2, -1)), (3, (True,)), (3, (2.0,))]:
-        assert _refused(session, at(k, value)) == "a fetch names the tensor's dtype and shape"
+        assert _refused(session, _with(FETCH, k, value)) == "a fetch names the tensor's dtype and shape"
     for k, value in [(4, "http"), (4, None), (5, ""), (5, "h" * 256), (5, b"h"), (6, 0), (6, 65536), (6, "7878"),
                      (6, 7878.0), (8, "p" * 65), (8, None)]:
-        assert _refused(session, at(k, value)) == "a fetch names the source peer as scheme, host, port and identity"
+        assert _refused(session, _with(FETCH, k, value)) == "a fetch names the source peer as scheme, host, port and identity"
     for capability in (b"c" * 31, b"c" * 33, "c" * 32):
-        assert _refused(session, at(7, capability)) == "a capability is 32 random bytes"
-    assert _refused(session, at(1, -5)) == "tensor ids are non-negative integers, got -5"
-    _batch(session, at(3, (1,) * 64), ("fetch", 6, em.float64, (0, 2), "wss", "h" * 255, 65535, b"d" * 32, "p" * 64),
-           ("fetch", 7, em.float64, (), "embers", "h", 1, b"e" * 32, ""))  # every boundary accepted
+        assert _refused(session, _with(FETCH, 7, capability)) == "a capability is 32 random bytes"
+    assert _refused(session, _with(FETCH, 1, -5)) == "tensor ids are non-negative integers, got -5"
+    _batch(session, _with(FETCH, 3, (1,) * 64), _fetch_message(6, (0, 2), b"d" * 32, ("wss", "h" * 255, 65535), "p" * 64),
+           _fetch_message(7, (), b"e" * 32, ("embers", "h", 1), ""))  # every boundary accepted
     assert [(job.tid, job.source, job.meta.shape) for job in session.fetches] == [
         (5, "ember://peer.example:7878", (1,) * 64), (6, f"wss://{'h' * 255}:65535", (0, 2)), (7, "embers://h:1", ())]
     assert session.sizes == {5: 8, 6: 0, 7: 8} and _balanced(session)
@@ -540,11 +546,8 @@ def test_every_malformed_fetch_is_refused_word_for_word_at_its_boundaries():
 def test_a_fetch_over_a_limit_is_refused_at_its_first_use_naming_the_transfer():
     host = _host(max_tensor_bytes=16, max_session_bytes=40)
     session = _open(host)
-
-    def fetch(tid, shape, capability):
-        return ("fetch", tid, em.float64, shape, "ember", "peer.example", 7878, capability, "other peer")
-    _batch(session, fetch(1, (3,), b"a" * 32), fetch(2, (2,), b"b" * 32), fetch(3, (2,), b"c" * 32),
-           fetch(4, (2,), b"d" * 32), fetch(5, (2,), b"e" * 32))
+    _batch(session, *(_fetch_message(tid, shape, bytes([tid]) * 32, ELSEWHERE, "other peer")
+                      for tid, shape in [(1, (3,)), (2, (2,)), (3, (2,)), (4, (2,)), (5, (2,))]))
     assert [job.tid for job in session.fetches] == [2, 3]  # 1 is too large, 4 and 5 find the quota full
     assert session.used == 32 and _balanced(session)
     assert _batch(session, ("get", 1, 1), ("get", 2, 4)) == [
@@ -558,7 +561,7 @@ def test_a_session_runs_at_most_so_many_fetches_at_once(monkeypatch):
     monkeypatch.setattr("ember.remote.session.FETCHES_PER_SESSION", 3)
     host = _host()
     session = _open(host)
-    jobs = [("fetch", k, em.float64, (1,), "ember", "h", 1, bytes([k]) * 32, "p") for k in range(1, 6)]
+    jobs = [_fetch_message(k, (1,), bytes([k]) * 32) for k in range(1, 6)]
     _batch(session, *jobs[:4])
     assert [job.tid for job in session.fetches] == [1, 2, 3]
     assert _batch(session, ("get", 1, 4)) == [("error", 1, "ResourceLimitError", "transfer from ember://h:1: 3 transfers "
@@ -583,7 +586,7 @@ def _fetch_into(session, *values):
     """Fetch tensors 5, 6 … into ``session`` and complete each fetch with its value."""
     start = len(session.fetches)
     for k, value in enumerate(values):
-        _batch(session, ("fetch", 5 + k, em.float64, np.shape(value), "ember", "h", 1, bytes([k + 1]) * 32, "p"))
+        _batch(session, _fetch_message(5 + k, np.shape(value), bytes([k + 1]) * 32))
     for job, value in zip(session.fetches[start:], values):
         job.receive(Frame({"t": "tensor"}, [np.asarray(value, np.float64)]))
 
@@ -625,7 +628,7 @@ def test_a_fetched_tensor_that_cannot_be_kept_is_poisoned_naming_the_transfer(mo
 def test_unknown_ids_are_refused_while_fetches_are_running():
     host = _host()
     session = _open(host)
-    _batch(session, ("fetch", 5, em.float64, (1,), "ember", "h", 1, b"c" * 32, "p"))  # never done: reads would wait
+    _batch(session, _fetch_message(5, (1,), b"c" * 32))  # never done: reads would wait
     gid = 1
     unknown = "unknown tensor id 99 (dropped, or from another session)"
     assert _batch(session, ("get", 1, 99), ("op", "negative", (99,), (6,), {}), ("get", 2, 6),
