@@ -41,14 +41,16 @@ class Device:
     def engine(self):
         """The engine doing this device's work (created on first use)."""
         engine = self._engine
-        if engine is not None and engine.recheck:
-            engine.check()  # a remote session, before a new batch: did the peer end it meanwhile?
         if engine is None or engine.lost is not None:
-            with self._lock:  # a lost engine (a peer that went away) is replaced by a new session
-                if self._engine is None or self._engine.lost is not None:
-                    self._engine = self._make_engine()
-                engine = self._engine
+            engine = self._renew()
         return engine
+
+    def _renew(self):
+        """A new engine in place of none or a lost one (a peer that went away: a new session)."""
+        with self._lock:
+            if self._engine is None or self._engine.lost is not None:
+                self._engine = self._make_engine()
+            return self._engine
 
     def _make_engine(self):
         raise NotImplementedError
@@ -131,6 +133,16 @@ class RemoteDevice(Device):
     def tls(self) -> bool:
         """Whether the connection is wrapped in TLS (``embers://``, ``wss://``)."""
         return self.scheme in ("embers", "wss")
+
+    @property
+    def engine(self):
+        """The session with the peer (opened on first use, and again once the peer ended it)."""
+        engine = self._engine
+        if engine is not None and engine.recheck:
+            engine.check()  # before a new batch: did the peer end the session meanwhile?
+        if engine is None or engine.lost is not None:
+            engine = self._renew()
+        return engine
 
     def _make_engine(self):
         from .engines.remote import connect  # the remote engine picks the framing for its scheme

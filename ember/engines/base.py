@@ -19,13 +19,6 @@ class Engine:
     #: set to a ConnectionLost once the engine can no longer work (a remote peer went away)
     lost = None
 
-    #: set when the device should call :meth:`check` before the engine's next use
-    recheck = False
-
-    def check(self) -> None:
-        """Find out whether the engine still works, setting ``lost`` if not (a remote session asks
-        its quiet connection whether the peer ended it)."""
-
     def execute(self, op: Op, inputs: tuple, in_metas: tuple[Meta, ...], attrs: dict,
                 metas: tuple[Meta, ...]) -> tuple[tuple, tuple[Meta, ...]]:
         """Run (or record) ``op`` on input handles and Python scalar literals.

@@ -93,7 +93,8 @@ class RemoteEngine(Engine):
         self._pending_bytes = 0
         self._made_bytes = 0     # bytes the ops made since drops were last queued
         self._lock = threading.RLock()
-        self._last_io = _clock()  # when a frame was last sent or received
+        self._last_io = _clock()  # when a frame was last sent or received …
+        self.recheck = False      # … and since then, whether the device should call check() first
         self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
                          "graphs_registered": 0, "graph_runs": 0, "keepalives": 0}
 
