@@ -17,7 +17,7 @@ from . import dtypes as dt
 from .devices import Device, default_device
 from .devices import device as as_device
 from .errors import DeviceError, DTypeError, EmberError, ShapeError, with_prefix
-from .ops.table import Meta, fmt_shape
+from .ops.table import META_CACHE, Meta, fmt_shape
 
 
 class Array:
@@ -216,24 +216,39 @@ def bind(op, inputs: tuple, attrs: dict, device: Device | None = None, literal_d
                 device = value._device if device is None else _common_device(op, device, value._device)
             metas.append(value._meta)
             handles.append(value._handle)
-        elif literal_dtype is not None and dt.is_python_scalar(value):
+        elif literal_dtype is not None and (type(value) in _PYTHON_SCALARS or dt.is_python_scalar(value)):
             metas.append(SCALAR_METAS[literal_dtype])
             handles.append(value)
         else:
             convertible = hasattr(value, "__array__") or isinstance(value, (list, tuple))
             raise DTypeError(f"{op.name}: expected an ember array, got {type(value).__name__}"
                              + (" (convert it with ember.asarray)" if convertible else ""))
-    if device is None:
-        device = default_device()
-    metas = tuple(metas)
-    attrs, out_metas = op.infer(metas, attrs)
-    outs, out_metas = device.engine.execute(op, tuple(handles), metas, attrs, out_metas)
-    if op.multiple:
-        return tuple(_new_array(h, m, device) for h, m in zip(outs, out_metas))
-    return _new_array(outs[0], out_metas[0], device)
+    return apply(op, device if device is not None else default_device(), tuple(handles), tuple(metas), attrs)
+
+
+def apply(op, device: Device, handles: tuple, metas: tuple, attrs: dict):
+    """The rest of :func:`bind` once its inputs are gathered: ``handles`` on ``device`` (and
+    literals) with their ``metas``. Callers that know their inputs share one device (an
+    elementwise op on one array) come here directly."""
+    known = None if attrs else META_CACHE.get((op, metas))  # Op.infer's cache, without the call
+    if known is not None and not known[0]:
+        out_metas = known[1]
+    else:
+        attrs, out_metas = op.infer(metas, attrs)
+    engine = device.engine
+    if op.multiple or op.data_dependent:
+        outs, out_metas = engine.execute(op, handles, metas, attrs, out_metas)
+        if op.multiple:
+            return tuple(_new_array(h, m, device) for h, m in zip(outs, out_metas))
+        return _new_array(outs[0], out_metas[0], device)
+    meta = out_metas[0]
+    array = _object_new(Array)  # _new_array, inlined on the hot path
+    array._handle, array._meta, array._device = engine.apply(op, handles, metas, attrs, meta), meta, device
+    return array
 
 
 SCALAR_METAS = {d: Meta((), d) for d in dt.ALL}  # the metas of Python scalar literals
+_PYTHON_SCALARS = frozenset((builtins.bool, int, float, complex))  # exactly: a set lookup before isinstance
 
 
 def _new_array(handle, meta: Meta, device: Device) -> Array:

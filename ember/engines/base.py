@@ -29,6 +29,12 @@ class Engine:
         """
         raise NotImplementedError
 
+    def apply(self, op: Op, inputs: tuple, in_metas: tuple[Meta, ...], attrs: dict, meta: Meta) -> Any:
+        """:meth:`execute` for an op of one output whose meta is known in advance (neither
+        ``multiple`` nor ``data_dependent``): the output handle alone. The hot path of eager
+        execution; engines override it to skip what such an op never needs."""
+        return self.execute(op, inputs, in_metas, attrs, (meta,))[0][0]
+
     def upload(self, host: np.ndarray) -> Any:
         """A handle holding a copy (or a zero-copy view, locally) of host data."""
         raise NotImplementedError

@@ -51,6 +51,19 @@ class LocalEngine(Engine):
             metas = tuple(Meta(tuple(o.shape), m.dtype) for o, m in zip(outs, metas))
         return outs, metas
 
+    def apply(self, op, inputs, in_metas, attrs, meta):
+        kernel = self._kernels.get(op.name)
+        if kernel is None or not self._all_dtypes:  # refused, or dtypes to check: the full path says why
+            return self.execute(op, inputs, in_metas, attrs, (meta,))[0][0]
+        try:
+            out = kernel(*inputs, **attrs) if attrs else kernel(*inputs)
+        except EmberError:
+            raise
+        except Exception as error:
+            raise _translate(error, op.name, inputs) from error
+        self.ops_executed += 1
+        return out if type(out) is self._native_type else self.backend.coerce(out)
+
     def _check_dtypes(self, op, in_metas, metas) -> None:
         if op.family == "data type":  # astype: the way into and out of a dtype the backend holds but computes nothing on
             return

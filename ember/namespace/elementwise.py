@@ -8,7 +8,7 @@ the array's dtype, lifting it first when the scalar is of a higher kind (``int_a
 from __future__ import annotations
 
 from .. import dtypes as dt
-from ..array import Array, bind
+from ..array import SCALAR_METAS, Array, apply, bind
 from ..errors import DTypeError, EmberError, with_prefix
 from ..ops import OPS
 from ._generate import astype_raw, signature
@@ -25,7 +25,7 @@ def _unary(op):
             raise DTypeError(f"{op.name}: expected an ember array, got {type(x).__name__}")
         if lifts and x._meta.dtype.kind in _LOWER_KINDS:
             x = astype_raw(x, dt.default_float)
-        return bind(op, (x,), _EMPTY)
+        return apply(op, x._device, (x._handle,), (x._meta,), _EMPTY)
 
     function.__name__ = function.__qualname__ = op.name
     function.__doc__ = op.doc
@@ -66,16 +66,18 @@ def _binary(op):
     lifts = op.lift
 
     def function(x1, x2, /):
+        # the fast paths: operands of one dtype already, on one device, gathered here for apply
         if type(x1) is Array:
-            dtype = x1._meta.dtype
+            meta = x1._meta
             t2 = type(x2)
             if t2 is Array:
-                if dtype is x2._meta.dtype and not (lifts and dtype.kind in _LOWER_KINDS):
-                    return bind(op, (x1, x2), _EMPTY)
-            elif (t2 is float or t2 is int) and dtype in _KEEPS[t2]:
-                return bind(op, (x1, x2), _EMPTY, literal_dtype=dtype)
+                if meta.dtype is x2._meta.dtype and x1._device is x2._device and not (lifts and meta.dtype.kind in _LOWER_KINDS):
+                    return apply(op, x1._device, (x1._handle, x2._handle), (meta, x2._meta), _EMPTY)
+            elif (t2 is float or t2 is int) and meta.dtype in _KEEPS[t2]:
+                return apply(op, x1._device, (x1._handle, x2), (meta, SCALAR_METAS[meta.dtype]), _EMPTY)
         elif type(x2) is Array and (type(x1) is float or type(x1) is int) and x2._meta.dtype in _KEEPS[type(x1)]:
-            return bind(op, (x1, x2), _EMPTY, literal_dtype=x2._meta.dtype)
+            meta = x2._meta
+            return apply(op, x2._device, (x1, x2._handle), (SCALAR_METAS[meta.dtype], meta), _EMPTY)
         x1, x2, literal = operands(op.name, x1, x2, lifts)
         return bind(op, (x1, x2), _EMPTY, literal_dtype=literal)
 

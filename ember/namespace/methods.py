@@ -10,15 +10,19 @@ from . import elementwise as ew
 from . import indexing, linear_algebra, manipulation
 
 
+_OPERANDS = (Array, builtins.bool, int, float, complex)
+_EXACT_OPERANDS = frozenset(_OPERANDS)  # a set lookup first: the operators are the hot path
+
+
 def _operand(value) -> bool:
-    return isinstance(value, (Array, builtins.bool, int, float, complex))
+    return type(value) in _EXACT_OPERANDS or isinstance(value, _OPERANDS)
 
 
 def _forward(function):
     def method(self, other):
-        if not _operand(other):
-            return NotImplemented
-        return function(self, other)
+        if type(other) in _EXACT_OPERANDS or isinstance(other, _OPERANDS):
+            return function(self, other)
+        return NotImplemented
     return method
 
 

@@ -61,7 +61,9 @@ NO_GRADIENT = "no gradient"  # the grad rule of an op whose outputs carry no gra
 # Meta rule results of every op, in one cache bounded for the whole process, so the clients of a
 # compute peer cannot grow it without limit; keys with very long shapes or attribute tuples (a
 # reshape to 100,000 dimensions) are computed each time, never kept. Failures are never cached.
-_META_CACHE: dict = {}
+# A call without attributes is keyed ``(op, input metas)`` and its value is ``(None or the
+# attributes the canon rule filled in, output metas)``: eager execution looks that up directly.
+META_CACHE: dict = {}
 META_CACHE_ENTRIES = 16384
 _CACHED_LENGTH = 64
 
@@ -136,15 +138,15 @@ class Op:
         the canon rule replaced, so values it left alone (-0.0 beside 0.0) are never swapped.
         """
         try:
-            values = tuple(attrs.values())
-            # types are part of the key, inside tuples too: True, 1 and 1.0 are equal but give different
-            # dtypes, and axis=(False, True) is refused where (0, 1) is not
-            if values:
+            if attrs:
+                values = tuple(attrs.values())
+                # types are part of the key, inside tuples too: True, 1 and 1.0 are equal but give different
+                # dtypes, and axis=(False, True) is refused where (0, 1) is not
                 kinds = tuple(map(type, values))
                 key = (self, metas, values, tuple(map(_kind, values)) if tuple in kinds else kinds)
-            else:
-                key = (self, metas)
-            replaced, out = _META_CACHE[key]
+            else:  # the hot path: an elementwise op
+                values, key = (), (self, metas)
+            replaced, out = META_CACHE[key]
             return ({**attrs, **replaced} if replaced else attrs), out
         except KeyError:
             pass
@@ -161,9 +163,9 @@ class Op:
             raise ArgumentError(f"{self.name}: an attribute is nested too deeply") from None
         out = (out,) if type(out) is Meta else out
         if key is not None and _small(metas, values, out):
-            if len(_META_CACHE) >= META_CACHE_ENTRIES:
-                _META_CACHE.clear()
-            _META_CACHE[key] = (replaced, out)
+            if len(META_CACHE) >= META_CACHE_ENTRIES:
+                META_CACHE.clear()
+            META_CACHE[key] = (replaced, out)
         return attrs, out
 
     def __repr__(self) -> str:
