@@ -7,10 +7,13 @@ several frames in one read — is checked directly.
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ember as em
 from ember import errors
@@ -228,8 +231,22 @@ def test_msgpack_timestamps_are_an_unknown_extension(data):
 def test_bytes_that_look_like_a_timestamp_inside_other_values_are_fine():
     value = {"f": struct.unpack("<d", b"\x00\xd6\xff\x00\x00\x00\x00\x00")[0], "s": "\u05ff", "b": b"\xc7\x0c\xff"}
     data = wire.pack(value)
-    assert wire._MAYBE_TIMESTAMP.search(data)  # the slow path: a look at every value
+    assert wire.maybe_timestamp(data)  # the slow path: a look at every value
     assert wire.unpack(data) == value
+
+
+# every encoding of a timestamp: a marker, then (ext 8, 16, 32) its length, then the type byte 0xff
+_TIMESTAMP_MARKERS = re.compile(rb"[\xd4-\xd8]\xff|\xc7.\xff|\xc8..\xff|\xc9....\xff", re.DOTALL)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from([b"\xff", b"\xc7", b"\xc8", b"\xc9", b"\xd3", b"\xd4", b"\xd8", b"\xd9", b"\x00"]),
+                max_size=24).map(b"".join))
+def test_the_timestamp_scan_finds_what_a_regular_expression_of_the_markers_finds(data):
+    """The byte scan is compared with the plain statement of the rule, as a regular expression
+    (the scan replaced it for speed), on strings built of the bytes that matter."""
+    assert wire.maybe_timestamp(data) is bool(_TIMESTAMP_MARKERS.search(data))
+    assert wire.maybe_timestamp(memoryview(data)) is bool(_TIMESTAMP_MARKERS.search(data))
 
 
 def test_maps_and_extensions_are_small():

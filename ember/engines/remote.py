@@ -100,44 +100,58 @@ class RemoteEngine(Engine):
 
     # -- the engine interface --
     def execute(self, op, inputs, in_metas, attrs, metas):
+        refs = self._refs(op, inputs, in_metas)
+        outs = tuple(RemoteHandle(self, next(self._ids)) for _ in metas)
+        out_ids = tuple(o.id for o in outs)
+        message = ("op", op.name, refs, out_ids, attrs)
+        with self._lock:  # another thread may be sending the batch
+            if op.data_dependent and any(None in m.shape for m in metas):
+                self._enqueue(message, 0)
+                shapes = self._call(lambda rid: ("shape", rid, out_ids))[2]
+                metas = tuple(Meta(tuple(s), m.dtype) for s, m in zip(shapes, metas))
+            else:
+                self._enqueue(message, sum(m.nbytes for m in metas))
+        return outs, metas
+
+    def apply(self, op, inputs, in_metas, attrs, meta):
+        out = _new_handle(RemoteHandle)
+        out.engine, out.id = self, next(self._ids)
+        message = ("op", op.name, self._refs(op, inputs, in_metas), (out.id,), attrs)
+        with self._lock:
+            self._enqueue(message, meta.nbytes)
+        return out
+
+    def _refs(self, op, inputs: tuple, in_metas: tuple) -> tuple:
+        """How an op message names ``inputs``: this session's tensor ids, and ``(value, dtype
+        name)`` for literals (ops/records.py)."""
         if self.lost is not None:
             raise self.lost
         refs = []
         for value, meta in zip(inputs, in_metas):
-            if type(value) is RemoteHandle and value.engine is self:
+            if type(value) is RemoteHandle:
+                if value.engine is not self:
+                    if value.engine.lost is None:
+                        raise DeviceError(f"{op.name}: an input lives in another session ({value.engine.device}); "
+                                          f"move it with x.to_device({str(self.device)!r})")
+                    raise lost_session(op.name, "an input", value.engine)
                 refs.append(value.id)
-            elif type(value) is RemoteHandle:
-                if value.engine.lost is None:
-                    raise DeviceError(f"{op.name}: an input lives in another session ({value.engine.device}); "
-                                      f"move it with x.to_device({str(self.device)!r})")
-                raise lost_session(op.name, "an input", value.engine)
             else:
-                refs.append((value, meta.dtype.name))  # a literal (ops/records.py)
-        ids = self._ids
-        if len(metas) == 1:
-            out = _new_handle(RemoteHandle)
-            out.engine, out.id = self, next(ids)
-            outs, out_ids = (out,), (out.id,)
-        else:
-            outs = tuple(RemoteHandle(self, next(ids)) for _ in metas)
-            out_ids = tuple(o.id for o in outs)
-        message = ("op", op.name, tuple(refs), out_ids, attrs)
-        with self._lock:  # another thread may be sending the batch
-            if self._drops and self._made_bytes >= DROP_BYTES:  # dropped before this op: no later op reads them
-                self._queue_drops()
-            pending = self._pending
-            pending.append(message)
-            if op.data_dependent and any(None in m.shape for m in metas):
-                shapes = self._call(lambda rid: ("shape", rid, out_ids))[2]
-                metas = tuple(Meta(tuple(s), m.dtype) for s, m in zip(shapes, metas))
-                return outs, metas
-            for meta in metas:
-                self._made_bytes += meta.nbytes
-            if len(pending) == 1:
-                self._first_pending = _clock()
-            elif len(pending) >= BATCH_OPS or (len(pending) & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
-                self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
-        return outs, metas
+                refs.append((value, meta.dtype.name))
+        return tuple(refs)
+
+    def _enqueue(self, message: tuple, made: int) -> None:
+        """Add an op message that makes ``made`` bytes to the batch (the lock held), after the drops
+        so far once the batch's ops have made DROP_BYTES (no later op reads them); send the batch
+        once it is full or old."""
+        if self._drops and self._made_bytes >= DROP_BYTES:
+            self._queue_drops()
+        pending = self._pending
+        pending.append(message)
+        self._made_bytes += made
+        if len(pending) == 1:
+            self._first_pending = _clock()
+        elif len(pending) >= BATCH_OPS or (len(pending) & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
+            self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
 
     def run_graph(self, graph, inputs: list) -> list:
         """Run a captured graph on the peer: registered once per session, then each call sends

@@ -42,11 +42,12 @@ class OpRecord(NamedTuple):
 
 
 LITERAL_METAS = {d.name: Meta((), d) for d in dt.ALL}  # a literal's meta, by its dtype name
+_PYTHON_SCALARS = frozenset((bool, int, float, complex))  # exactly: a set lookup before isinstance
 
 
 def literal_meta(what: str, ref) -> Meta:
     """The meta of literal ``ref``; ProtocolError naming ``what`` if it is not one."""
-    if type(ref) is tuple and len(ref) == 2 and dt.is_python_scalar(ref[0]):
+    if type(ref) is tuple and len(ref) == 2 and (type(ref[0]) in _PYTHON_SCALARS or dt.is_python_scalar(ref[0])):
         meta = LITERAL_METAS.get(ref[1]) if type(ref[1]) is str else None
         if meta is not None:
             return meta

@@ -451,9 +451,12 @@ class Session:
             else:
                 self._take(name, need)
             try:
-                values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
-                if op.data_dependent:  # now that the sizes are known, each must fit the tensor limit
-                    self._check_size(name, out_metas)
+                if simple:
+                    values = (self.engine.apply(op, tuple(handles), metas, attrs, meta),)
+                else:
+                    values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
+                    if op.data_dependent:  # now that the sizes are known, each must fit the tensor limit
+                        self._check_size(name, out_metas)
             except BaseException:
                 self._give(need)
                 raise
@@ -464,7 +467,7 @@ class Session:
         tid = outputs[0] if simple else None
         if type(tid) is int and tid >= 0 and tid not in self.sizes and not self._sent:
             tensors[tid] = values[0]  # a new tensor: the reservation is its size
-            known[tid] = out_metas[0]
+            known[tid] = meta
             self.sizes[tid] = need
         else:
             self._keep(outputs, values, out_metas, need, not simple)

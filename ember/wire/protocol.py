@@ -15,7 +15,6 @@ literals written as ``[value, dtype name]``. Every size is checked against
 from __future__ import annotations
 
 import math
-import re
 import struct
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
@@ -100,9 +99,20 @@ def pack(value) -> bytes:
         raise ProtocolError(f"cannot encode a message: {error}") from None
 
 
-# msgpack decodes extension type -1 (a timestamp) itself, without asking the ext hook; every
-# encoding of it has the type byte 0xff right after one of these markers (and a length)
-_MAYBE_TIMESTAMP = re.compile(rb"[\xd4-\xd8]\xff|\xc7.\xff|\xc8..\xff|\xc9....\xff", re.DOTALL)
+def maybe_timestamp(data) -> bool:
+    """Whether ``data`` may encode a msgpack timestamp, which msgpack decodes itself without asking
+    the ext hook: every encoding of one has the type byte 0xff right after a marker (fixext 1–16,
+    0xd4–0xd8) or after a marker and its length (ext 8, 16, 32: 0xc7, 0xc8, 0xc9 with 1, 2, 4
+    bytes). A scan for 0xff bytes, which most batches hold none or few of, then a look behind
+    each: a regular expression over every byte cost more than decoding the batch."""
+    data = bytes(data)
+    at = data.find(b"\xff")
+    while at >= 0:
+        if ((at >= 1 and 0xd4 <= data[at - 1] <= 0xd8) or (at >= 2 and data[at - 2] == 0xc7)
+                or (at >= 3 and data[at - 3] == 0xc8) or (at >= 5 and data[at - 5] == 0xc9)):
+            return True
+        at = data.find(b"\xff", at + 1)
+    return False
 
 
 def unpack(data):
@@ -120,7 +130,7 @@ def unpack(data):
         raise
     except Exception as error:  # msgpack raises several types on malformed input
         raise ProtocolError(f"malformed header: {type(error).__name__}: {error}") from None
-    if _MAYBE_TIMESTAMP.search(data) and _holds_timestamp(value):  # rare: the bytes also occur inside other values
+    if maybe_timestamp(data) and _holds_timestamp(value):  # rare: the bytes also occur inside other values
         raise ProtocolError("unknown msgpack extension type -1 (a timestamp)")
     return value
 
