@@ -216,7 +216,7 @@ def bind(op, inputs: tuple, attrs: dict, device: Device | None = None, literal_d
                 device = value._device if device is None else _common_device(op, device, value._device)
             metas.append(value._meta)
             handles.append(value._handle)
-        elif literal_dtype is not None and (type(value) in _PYTHON_SCALARS or dt.is_python_scalar(value)):
+        elif literal_dtype is not None and (type(value) in dt.EXACT_PYTHON_SCALARS or dt.is_python_scalar(value)):
             metas.append(SCALAR_METAS[literal_dtype])
             handles.append(value)
         else:
@@ -248,7 +248,6 @@ def apply(op, device: Device, handles: tuple, metas: tuple, attrs: dict):
 
 
 SCALAR_METAS = {d: Meta((), d) for d in dt.ALL}  # the metas of Python scalar literals
-_PYTHON_SCALARS = frozenset((builtins.bool, int, float, complex))  # exactly: a set lookup before isinstance
 
 
 def _new_array(handle, meta: Meta, device: Device) -> Array:

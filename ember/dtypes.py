@@ -183,9 +183,13 @@ def _scalar_kind(value) -> str:
     raise DTypeError(f"expected an array or a Python scalar, got {type(value).__name__}")
 
 
+PYTHON_SCALARS = (builtins.bool, int, float, complex)
+EXACT_PYTHON_SCALARS = frozenset(PYTHON_SCALARS)  # hot paths test ``type(v) in`` this before isinstance
+
+
 def is_python_scalar(value) -> bool:
     """Whether ``value`` is a Python bool, int, float or complex."""
-    return isinstance(value, (builtins.bool, int, float, complex))
+    return isinstance(value, PYTHON_SCALARS)
 
 
 def python_scalar_dtype(value) -> DType:

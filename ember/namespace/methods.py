@@ -3,14 +3,13 @@ above it (as JAX installs its array methods): the array object itself knows no o
 
 from __future__ import annotations
 
-import builtins
-
+from .. import dtypes as dt
 from ..array import Array
 from . import elementwise as ew
 from . import indexing, linear_algebra, manipulation
 
 
-_OPERANDS = (Array, builtins.bool, int, float, complex)
+_OPERANDS = (Array, *dt.PYTHON_SCALARS)
 _EXACT_OPERANDS = frozenset(_OPERANDS)  # a set lookup first: the operators are the hot path
 
 

@@ -27,7 +27,7 @@ from ..devices import LocalDevice
 from ..devices import device as as_device
 from ..engines.local import LocalEngine
 from ..errors import AccessDenied, EmberError, HostDeviceError, ProtocolError, ResourceLimitError
-from ..ops.records import check_records, infer_record, literal_meta
+from ..ops.records import LITERAL_METAS, check_records, infer_record, literal_meta
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
@@ -417,7 +417,8 @@ class Session:
                     metas.append(known[ref])
                     continue
             if type(ref) is tuple:  # a literal: (value, dtype name)
-                metas.append(literal_meta(name, ref))
+                meta = LITERAL_METAS.get(ref[1]) if len(ref) == 2 and type(ref[0]) in dt.EXACT_PYTHON_SCALARS else None
+                metas.append(meta if meta is not None else literal_meta(name, ref))  # else: refused, or a subclass
                 handles.append(ref[0])
                 continue
             # here the reference names no live tensor: a failure upstream, one being fetched, or nothing at all
@@ -452,7 +453,7 @@ class Session:
                 self._take(name, need)
             try:
                 if simple:
-                    values = (self.engine.apply(op, tuple(handles), metas, attrs, meta),)
+                    value = self.engine.apply(op, tuple(handles), metas, attrs, meta)
                 else:
                     values, out_metas = self.engine.execute(op, tuple(handles), metas, attrs, out_metas)
                     if op.data_dependent:  # now that the sizes are known, each must fit the tensor limit
@@ -466,11 +467,11 @@ class Session:
             return
         tid = outputs[0] if simple else None
         if type(tid) is int and tid >= 0 and tid not in self.sizes and not self._sent:
-            tensors[tid] = values[0]  # a new tensor: the reservation is its size
+            tensors[tid] = value  # a new tensor: the reservation is its size
             known[tid] = meta
             self.sizes[tid] = need
         else:
-            self._keep(outputs, values, out_metas, need, not simple)
+            self._keep(outputs, (value,) if simple else values, out_metas, need, not simple)
 
     def _keep(self, outputs: tuple, values, out_metas: tuple, reserved: int, partly: bool = True) -> None:
         """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs (all
