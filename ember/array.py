@@ -230,8 +230,9 @@ def apply(op, device: Device, handles: tuple, metas: tuple, attrs: dict):
     """The rest of :func:`bind` once its inputs are gathered: ``handles`` on ``device`` (and
     literals) with their ``metas``. Callers that know their inputs share one device (an
     elementwise op on one array) come here directly."""
-    known = None if attrs else META_CACHE.get((op, metas))  # Op.infer's cache, without the call
-    if known is not None and not known[0]:
+    # a row without attributes (the elementwise ones) has nothing to canonicalise: Op.infer's cache, read without the call
+    known = None if attrs or op.attrs else META_CACHE.get((op, metas))
+    if known is not None:
         out_metas = known[1]
     else:
         attrs, out_metas = op.infer(metas, attrs)

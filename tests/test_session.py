@@ -322,6 +322,19 @@ def test_a_failed_op_poisons_what_depends_on_it_and_is_reported_once():
     assert session.ops == 4 and 4 not in session.metas  # a failed output has no meta: it counts no bytes
 
 
+def test_an_op_of_several_outputs_that_gives_one_keeps_it_as_it_is():
+    """A row with ``multiple`` outputs gives a tuple even when it holds one array (``unstack`` of a
+    length-1 axis, ``nonzero`` of a 1-d array): the peer stores that array, not the tuple made into one."""
+    session = _open(_host())
+    x = np.array([7.0])
+    _batch(session, ("put", 1, 0), ("op", "unstack", (1,), (2,), {"axis": 0}), ("op", "nonzero", (1,), (3,), {}),
+           segments=[x])
+    (header, (first, where)), = _batch(session, ("shape", 1, (2, 3)), ("get", 2, 2), ("get", 3, 3))
+    assert header["m"] == [("shapes", 1, ((), (1,))), ("data", 2, 0), ("data", 3, 1)]
+    assert first.shape == () and first == 7.0 and np.array_equal(where, [0])
+    assert session.live_bytes() == 8 + 8 + 8
+
+
 def test_defaults_fill_missing_attributes_and_data_dependent_shapes_are_read_on_demand():
     session = _open(_host())
     x = np.array([[1.0, 0.0], [0.0, 3.0]])

@@ -77,9 +77,9 @@ def infer_record(name, in_metas: tuple, outputs: tuple, attrs: dict) -> tuple[Op
     if attrs or row.attrs:
         attrs = full_attrs(row, attrs)
         attrs, out_metas = row.infer(in_metas, attrs)
-    else:  # an op without attributes, most of a peer's: Op.infer's cache read without the call
+    else:  # a row without attributes, most of a peer's ops: Op.infer's cache, read without the call
         known = META_CACHE.get((row, in_metas))
-        attrs, out_metas = (attrs, known[1]) if known is not None and not known[0] else row.infer(in_metas, attrs)
+        attrs, out_metas = (attrs, known[1]) if known is not None else row.infer(in_metas, attrs)
     if len(out_metas) != len(outputs):
         raise ProtocolError(f"{name}: {len(outputs)} output ids for {len(out_metas)} outputs")
     return row, attrs, out_metas

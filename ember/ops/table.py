@@ -61,8 +61,8 @@ NO_GRADIENT = "no gradient"  # the grad rule of an op whose outputs carry no gra
 # Meta rule results of every op, in one cache bounded for the whole process, so the clients of a
 # compute peer cannot grow it without limit; keys with very long shapes or attribute tuples (a
 # reshape to 100,000 dimensions) are computed each time, never kept. Failures are never cached.
-# A call without attributes is keyed ``(op, input metas)`` and its value is ``(None or the
-# attributes the canon rule filled in, output metas)``: eager execution looks that up directly.
+# A row without attributes is keyed ``(op, input metas)``, its value ``(None, output metas)``:
+# eager execution and a peer's op path read that directly, without calling Op.infer.
 META_CACHE: dict = {}
 META_CACHE_ENTRIES = 16384
 _CACHED_LENGTH = 64

@@ -417,8 +417,9 @@ class Session:
                     metas.append(known[ref])
                     continue
             if type(ref) is tuple:  # a literal: (value, dtype name)
-                meta = LITERAL_METAS.get(ref[1]) if len(ref) == 2 and type(ref[0]) in dt.EXACT_PYTHON_SCALARS else None
-                metas.append(meta if meta is not None else literal_meta(name, ref))  # else: refused, or a subclass
+                meta = (LITERAL_METAS.get(ref[1]) if len(ref) == 2 and type(ref[0]) in dt.EXACT_PYTHON_SCALARS
+                        and type(ref[1]) is str else None)
+                metas.append(meta if meta is not None else literal_meta(name, ref))  # else: refused, with why
                 handles.append(ref[0])
                 continue
             # here the reference names no live tensor: a failure upstream, one being fetched, or nothing at all
@@ -438,7 +439,7 @@ class Session:
             metas = tuple(metas)
             op, attrs, out_metas = infer_record(name, metas, outputs, attrs)
             # most ops: one output of a known size and no scratch, counted inline (this is every op's path)
-            simple = len(out_metas) == 1 and op.scratch is None and not op.data_dependent
+            simple = len(out_metas) == 1 and not op.multiple and op.scratch is None and not op.data_dependent
             if simple:
                 meta = out_metas[0]
                 need = meta.nbytes
