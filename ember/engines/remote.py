@@ -114,9 +114,10 @@ class RemoteEngine(Engine):
         return outs, metas
 
     def apply(self, op, inputs, in_metas, attrs, meta):
+        refs = self._refs(op, inputs, in_metas)  # refused before an id is taken
         out = _new_handle(RemoteHandle)
         out.engine, out.id = self, next(self._ids)
-        message = ("op", op.name, self._refs(op, inputs, in_metas), (out.id,), attrs)
+        message = ("op", op.name, refs, (out.id,), attrs)
         with self._lock:
             self._enqueue(message, meta.nbytes)
         return out

@@ -15,6 +15,7 @@ literals written as ``[value, dtype name]``. Every size is checked against
 from __future__ import annotations
 
 import math
+import re
 import struct
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
@@ -99,13 +100,20 @@ def pack(value) -> bytes:
         raise ProtocolError(f"cannot encode a message: {error}") from None
 
 
+# every encoding of a timestamp: a marker (fixext 1–16, 0xd4–0xd8), or a marker and its length (ext
+# 8, 16, 32: 0xc7, 0xc8, 0xc9 with 1, 2, 4 bytes), then the type byte 0xff
+_TIMESTAMP_MARKERS = re.compile(rb"[\xd4-\xd8]\xff|\xc7.\xff|\xc8..\xff|\xc9....\xff", re.DOTALL)
+_FEW = 16  # up to this many 0xff bytes are looked behind one by one; more, by the regular expression
+
+
 def maybe_timestamp(data) -> bool:
     """Whether ``data`` may encode a msgpack timestamp, which msgpack decodes itself without asking
-    the ext hook: every encoding of one has the type byte 0xff right after a marker (fixext 1–16,
-    0xd4–0xd8) or after a marker and its length (ext 8, 16, 32: 0xc7, 0xc8, 0xc9 with 1, 2, 4
-    bytes). A scan for 0xff bytes, which most batches hold none or few of, then a look behind
-    each: a regular expression over every byte cost more than decoding the batch."""
+    the ext hook. Most batches hold no 0xff byte or a few, so each is found with ``bytes.find`` and
+    the bytes before it looked at: a regular expression over every byte cost more than decoding
+    the batch. A header of many 0xff bytes (a hostile one) is searched by the expression, in C."""
     data = bytes(data)
+    if data.count(b"\xff") > _FEW:
+        return _TIMESTAMP_MARKERS.search(data) is not None
     at = data.find(b"\xff")
     while at >= 0:
         if ((at >= 1 and 0xd4 <= data[at - 1] <= 0xd8) or (at >= 2 and data[at - 2] == 0xc7)
