@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ember import dtypes as dt
 from ember.errors import ProtocolError
 from ember.remote.session import BufferPool, Host, hosted_devices
 from ember.wire import protocol as wire
@@ -168,6 +169,10 @@ def test_each_refusal_says_exactly_why(header, kind, reason):
     (("op", "negative", (1,), (2,), ()), "an op message is (name, inputs, outputs, attrs)"),
     (("op", "add", (1, (1.0, "float99")), (2,), {}), "add: malformed literal input (1.0, 'float99')"),
     (("op", "add", (1, (1.0, {"float64": 1})), (2,), {}), "add: malformed literal input (1.0, {'float64': 1})"),
+    (("op", "add", (1, (1.0,)), (2,), {}), "add: malformed literal input (1.0,)"),
+    (("op", "add", (1, (1.0, "float64", 0)), (2,), {}), "add: malformed literal input (1.0, 'float64', 0)"),
+    (("op", "add", (1, ("x", "float64")), (2,), {}), "add: malformed literal input ('x', 'float64')"),
+    (("op", "add", (1, (None, "float64")), (2,), {}), "add: malformed literal input (None, 'float64')"),
 ])
 def test_a_malformed_message_is_refused_naming_it(message, refusal):
     session = _open(_host())
@@ -333,6 +338,34 @@ def test_an_op_of_several_outputs_that_gives_one_keeps_it_as_it_is():
     assert header["m"] == [("shapes", 1, ((), (1,))), ("data", 2, 0), ("data", 3, 1)]
     assert first.shape == () and first == 7.0 and np.array_equal(where, [0])
     assert session.live_bytes() == 8 + 8 + 8
+
+
+def test_a_data_dependent_op_of_one_output_is_sized_when_it_has_run():
+    session = _open(_host())
+    x = np.array([3.0, 1.0, 3.0, 2.0])
+    _batch(session, ("put", 1, 0), ("op", "unique_values", (1,), (2,), {}), segments=[x])
+    (header, (values,)), = _batch(session, ("shape", 1, (2,)), ("get", 2, 2))
+    assert header["m"] == [("shapes", 1, ((3,),)), ("data", 2, 0)]
+    assert sorted(values) == [1.0, 2.0, 3.0] and session.live_bytes() == x.nbytes + 3 * 8
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_a_peer_on_a_backend_that_holds_a_dtype_without_computing_on_it_refuses_each_op_by_name(dtype):
+    """torch:cpu stores wide unsigned integers but computes nothing on them: a peer hosting it
+    refuses an op on one before a kernel fails, as local execution does, and serves on."""
+    pytest.importorskip("torch")
+    host = Host(hosted_devices("torch:cpu"), TOKEN, Limits(max_tensor_bytes=1 << 16))
+    session = _open(host)
+    x = np.array([0, 7], dtype=dtype)
+    _batch(session, ("put", 1, 0), ("op", "add", (1, 1), (2,), {}), ("op", "astype", (1,), (3,), {"dtype": dt.int64}),
+           ("op", "sum", (3,), (4,), {"dtype": getattr(dt, dtype)}),  # a supported input, an output it lacks
+           ("op", "unstack", (1,), (5, 6), {"axis": 0}), segments=[x])  # an op of several outputs
+    (header, (cast,)), = _batch(session, ("get", 1, 2), ("get", 2, 3), ("get", 3, 4), ("get", 4, 5))
+    refusal = "{}: torch:cpu computes nothing on " + dtype + "; convert it first with astype (e.g. to int64)"
+    assert header["m"] == [("error", 1, "NotSupportedError", refusal.format("add")), ("data", 2, 0),
+                           ("error", 3, "NotSupportedError", refusal.format("sum")),
+                           ("error", 4, "NotSupportedError", refusal.format("unstack"))]
+    assert cast.tolist() == [0, 7] and cast.dtype == np.int64
 
 
 def test_defaults_fill_missing_attributes_and_data_dependent_shapes_are_read_on_demand():
