@@ -190,13 +190,15 @@ def recheck(checkout: Path, survivors: dict, tests: list[str], seconds: float = 
             path.write_text(patched)
             try:
                 ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
-                                     cwd=work, env=env, capture_output=True, timeout=seconds or RECHECK_SECONDS)
+                                     cwd=work, env=env, capture_output=True, text=True, timeout=seconds or RECHECK_SECONDS)
                 verdicts[name] = "survived" if ran.returncode == 0 else "killed"
+                # the test that caught it, so a kill can be checked (a test that fails under load is no kill)
+                caught_by = next((line.split()[1] for line in ran.stdout.splitlines() if line.startswith("FAILED ")), "")
             except subprocess.TimeoutExpired:  # a hang the tests would also hit: caught
-                verdicts[name] = "timeout"
+                verdicts[name], caught_by = "timeout", ""
             finally:
                 path.write_text(source)
-            print(f"{verdicts[name]:<12}{name}", flush=True)  # as it goes: a recheck takes a while
+            print(f"{verdicts[name]:<12}{name}  {caught_by}", flush=True)  # as it goes: a recheck takes a while
     return verdicts
 
 
