@@ -42,8 +42,10 @@ def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path):
 
 
 def test_ctrl_c_stops_the_peer_too():
+    # SIGINT as in a terminal: a job started in the background by a shell inherits it ignored
     demo = subprocess.Popen([sys.executable, "-m", "ember.cli", "demo", "--steps", "5000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in demo.stdout:
             if line.startswith("[2]"):

@@ -162,8 +162,11 @@ def test_ember_top_prints_the_sessions(guarded):
 
 def test_ember_top_refreshes_until_interrupted(peer):
     import signal
+    # as in a terminal, where Ctrl-C is not ignored: a job a shell starts in the background (CI, a mutation
+    # run) inherits SIGINT ignored, and then Python installs no KeyboardInterrupt handler
     watching = subprocess.Popen([sys.executable, "-m", "ember.cli", "top", f"ember://{peer.address}", "--interval", "0.2"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     shown = ""
     try:
         while shown.count("ember peer: numpy") < 2:  # until it has refreshed once
