@@ -340,6 +340,17 @@ def test_an_op_of_several_outputs_that_gives_one_keeps_it_as_it_is():
     assert session.live_bytes() == 8 + 8 + 8
 
 
+def test_an_id_read_dropped_and_written_again_in_one_batch_is_read_anew():
+    """A reply sends a tensor read twice once; an op that writes the id between the reads (after a
+    drop freed it) makes the second read send the new value, not the first read's segment again."""
+    session = _open(_host())
+    (header, segments), = _batch(session, ("put", 1, 0), ("put", 2, 1), ("get", 1, 1), ("drop", (1,)),
+                                 ("op", "negative", (2,), (1,), {}), ("get", 2, 1), ("get", 3, 1),
+                                 segments=[np.ones(3), np.full(3, 5.0)])
+    assert header["m"] == [("data", 1, 0), ("data", 2, 1), ("data", 3, 1)]
+    assert segments[0].tolist() == [1.0] * 3 and segments[1].tolist() == [-5.0] * 3
+
+
 def test_a_data_dependent_op_of_one_output_is_sized_when_it_has_run():
     session = _open(_host())
     x = np.array([3.0, 1.0, 3.0, 2.0])
