@@ -162,7 +162,7 @@ def test_ember_top_prints_the_sessions(guarded):
 
 def test_ember_top_refreshes_until_interrupted(peer):
     import signal
-    # as in a terminal, where Ctrl-C is not ignored: a job a shell starts in the background (CI, a mutation
+    # as in a terminal, where Ctrl-C is not ignored: a job a shell starts in the background (a mutation
     # run) inherits SIGINT ignored, and then Python installs no KeyboardInterrupt handler
     watching = subprocess.Popen([sys.executable, "-m", "ember.cli", "top", f"ember://{peer.address}", "--interval", "0.2"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
