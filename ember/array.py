@@ -216,7 +216,7 @@ def bind(op, inputs: tuple, attrs: dict, device: Device | None = None, literal_d
                 device = value._device if device is None else _common_device(op, device, value._device)
             metas.append(value._meta)
             handles.append(value._handle)
-        elif literal_dtype is not None and (type(value) in dt.EXACT_PYTHON_SCALARS or dt.is_python_scalar(value)):
+        elif literal_dtype is not None and dt.is_python_scalar(value):
             metas.append(SCALAR_METAS[literal_dtype])
             handles.append(value)
         else:

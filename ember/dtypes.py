@@ -184,7 +184,6 @@ def _scalar_kind(value) -> str:
 
 
 PYTHON_SCALARS = (builtins.bool, int, float, complex)
-EXACT_PYTHON_SCALARS = frozenset(PYTHON_SCALARS)  # hot paths test ``type(v) in`` this before isinstance
 
 
 def is_python_scalar(value) -> bool:

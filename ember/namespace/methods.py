@@ -8,7 +8,6 @@ from ..array import Array
 from . import elementwise as ew
 from . import indexing, linear_algebra, manipulation
 
-
 _OPERANDS = (Array, *dt.PYTHON_SCALARS)
 _EXACT_OPERANDS = frozenset(_OPERANDS)  # a set lookup first: the operators are the hot path
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from .. import dtypes as dt
 from ..errors import ProtocolError
-from .table import META_CACHE, OPS, REQUIRED, Meta, Op
+from .table import OPS, REQUIRED, Meta, Op
 
 
 class OpRecord(NamedTuple):
@@ -46,7 +46,7 @@ LITERAL_METAS = {d.name: Meta((), d) for d in dt.ALL}  # a literal's meta, by it
 
 def literal_meta(what: str, ref) -> Meta:
     """The meta of literal ``ref``; ProtocolError naming ``what`` if it is not one."""
-    if type(ref) is tuple and len(ref) == 2 and (type(ref[0]) in dt.EXACT_PYTHON_SCALARS or dt.is_python_scalar(ref[0])):
+    if type(ref) is tuple and len(ref) == 2 and dt.is_python_scalar(ref[0]):
         meta = LITERAL_METAS.get(ref[1]) if type(ref[1]) is str else None
         if meta is not None:
             return meta
@@ -76,10 +76,7 @@ def infer_record(name, in_metas: tuple, outputs: tuple, attrs: dict) -> tuple[Op
         raise ProtocolError(f"unknown op {name!r}")
     if attrs or row.attrs:
         attrs = full_attrs(row, attrs)
-        attrs, out_metas = row.infer(in_metas, attrs)
-    else:  # a row without attributes, most of a peer's ops: Op.infer's cache, read without the call
-        known = META_CACHE.get((row, in_metas))
-        attrs, out_metas = (attrs, known[1]) if known is not None else row.infer(in_metas, attrs)
+    attrs, out_metas = row.infer(in_metas, attrs)
     if len(out_metas) != len(outputs):
         raise ProtocolError(f"{name}: {len(outputs)} output ids for {len(out_metas)} outputs")
     return row, attrs, out_metas

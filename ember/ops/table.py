@@ -62,7 +62,7 @@ NO_GRADIENT = "no gradient"  # the grad rule of an op whose outputs carry no gra
 # compute peer cannot grow it without limit; keys with very long shapes or attribute tuples (a
 # reshape to 100,000 dimensions) are computed each time, never kept. Failures are never cached.
 # A row without attributes is keyed ``(op, input metas)``, its value ``(None, output metas)``:
-# eager execution and a peer's op path read that directly, without calling Op.infer.
+# eager execution (array.apply) reads that directly, without calling Op.infer.
 META_CACHE: dict = {}
 META_CACHE_ENTRIES = 16384
 _CACHED_LENGTH = 64

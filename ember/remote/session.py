@@ -27,7 +27,7 @@ from ..devices import LocalDevice
 from ..devices import device as as_device
 from ..engines.local import LocalEngine
 from ..errors import AccessDenied, EmberError, HostDeviceError, ProtocolError, ResourceLimitError
-from ..ops.records import LITERAL_METAS, check_records, infer_record, literal_meta
+from ..ops.records import check_records, infer_record, literal_meta
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
@@ -417,9 +417,7 @@ class Session:
                     metas.append(known[ref])
                     continue
             if type(ref) is tuple:  # a literal: (value, dtype name)
-                meta = (LITERAL_METAS.get(ref[1]) if len(ref) == 2 and type(ref[0]) in dt.EXACT_PYTHON_SCALARS
-                        and type(ref[1]) is str else None)
-                metas.append(meta if meta is not None else literal_meta(name, ref))  # else: refused, with why
+                metas.append(literal_meta(name, ref))
                 handles.append(ref[0])
                 continue
             # here the reference names no live tensor: a failure upstream, one being fetched, or nothing at all
