@@ -4,7 +4,8 @@
     (target ≤ 2×);
 (b) upload and download of a 256 MiB float32 tensor vs raw-socket throughput measured in the
     same run against a raw-socket child process (target ≥ 0.8×), over TCP and WebSocket;
-(c) the latency of one small op and its read vs a raw TCP echo round trip;
+(c) the latency of one small op and its read vs a raw TCP echo round trip, placed freely by the
+    scheduler, then pinned to one CPU and to two;
 (d) the same 256 MiB upload and download over TCP+TLS (``embers://``, a second peer with a
     throwaway certificate) vs plain TCP, the two interleaved on their own;
 (e) 100 elementwise ops on 1,000,000 float32, then one read, on the peer (eager, and under
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 
 import numpy as np
@@ -45,6 +47,27 @@ def _tls_peer(stack: contextlib.ExitStack, report: Report):
     leaf.private_key_pem.write_to_path(f"{folder}/key.pem")
     peer = stack.enter_context(PeerProcess("--tls-cert", f"{folder}/cert.pem", "--tls-key", f"{folder}/key.pem"))
     return em.device(peer.url("embers"), tls_ca=f"{folder}/ca.pem")
+
+
+def _placed_latencies(peer_pid: int, raw: RawPeer, op_and_read, repeats: int):
+    """(c) again with this process and both servers' threads pinned to one CPU, then to two:
+    where the scheduler puts them decides whether a wake-up is a context switch or a wake of
+    another CPU (on a VM, tens of µs when that vCPU has halted), so the free row above moves
+    with the placement. Nothing where CPU affinity cannot be set or there is one CPU."""
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    tasks = [int(tid) for pid in (peer_pid, raw.process.pid) for tid in os.listdir(f"/proc/{pid}/task")]
+    try:
+        for placement, here, there in (("one CPU", {cpus[0]}, {cpus[0]}), ("two CPUs", {cpus[0]}, {cpus[1]})):
+            os.sched_setaffinity(0, here)
+            for task in tasks:
+                os.sched_setaffinity(task, there)
+            yield placement, medians({"raw": raw.echo, "tcp": op_and_read}, repeats, warmup=20)
+    finally:
+        for task in (0, *tasks):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(task, cpus)
 
 
 BULK_TARGET = {"TCP": "≥ 0.90x", "WebSocket": "reported"}  # WebSocket is the transport for proxies, not bulk data
@@ -133,6 +156,8 @@ def run(quick: bool = False) -> Report:
                         latency_repeats, warmup=20)
             report.add(Row("(c) one small op + read, TCP", t["tcp"], "raw echo", t["raw"], "≤ 2.00x"))
             report.add(Row("(c) one small op + read, WebSocket", t["ws"], "raw echo", t["raw"]))
+            for placement, t in _placed_latencies(peer.pid, raw, lambda: em.asnumpy(one["tcp"] + 1), latency_repeats):
+                report.add(Row(f"(c) one small op + read, TCP, {placement}", t["tcp"], "raw echo", t["raw"], "reported"))
         finally:
             raw.close()
     return report

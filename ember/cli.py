@@ -73,7 +73,8 @@ def _serve(args) -> int:
 
     from .errors import ArgumentError, EmberError
     from .remote.access import TokenFile
-    from .remote.server import PEER_LIMITS, Server
+    from .remote.server import PEER_LIMITS, Server, keep_freed_memory
+    keep_freed_memory()  # this process is the peer's alone
     token = authorize = None
     try:
         if args.token_file:

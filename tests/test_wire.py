@@ -296,6 +296,56 @@ def test_waits_never_pass_a_deadline():
     assert issubclass(TimedOut, errors.ConnectionLost)
 
 
+def _tcp_pair():
+    """A TcpConnection and the raw socket at the other end of a loopback TCP connection."""
+    import socket
+
+    from ember.wire.tcp import TcpConnection
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        far = socket.create_connection(listener.getsockname())
+        near, _ = listener.accept()
+    return TcpConnection(near, timeout=10), far
+
+
+def test_a_spin_wait_sees_a_frame_arrive_and_reads_none_of_it():
+    import threading
+    import time
+
+    from ember.wire.tcp import spin_wait
+    connection, far = _tcp_pair()
+    try:
+        assert not spin_wait(connection, 0) and not spin_wait(connection, 0.002)  # nothing came
+        far.sendall(_bytes({"t": "reply", "n": 1}))
+        assert spin_wait(connection, 5)
+        assert connection.receive().header == {"t": "reply", "n": 1}  # polling read no byte of it
+        later = threading.Timer(0.05, lambda: far.sendall(_bytes({"t": "reply", "n": 2})))
+        started = time.monotonic()
+        later.start()
+        assert spin_wait(connection, 30)  # it arrived while polling: no need to wait out the window
+        assert time.monotonic() - started < 15
+        assert connection.receive().header == {"t": "reply", "n": 2}
+        connection.close()  # as a stopping server closes a session's socket under its thread
+        assert spin_wait(connection, 5)  # readable, for the receive to report the loss
+        with pytest.raises(errors.ConnectionLost):
+            connection.receive()
+    finally:
+        connection.close()
+        far.close()
+
+
+def test_the_spin_window_comes_from_the_environment(monkeypatch):
+    from ember.wire.tcp import spin_window
+    monkeypatch.delenv("EMBER_SPIN_US", raising=False)
+    assert spin_window() == pytest.approx(50e-6)
+    for text, seconds in (("0", 0.0), ("200", 200e-6), (" ", 50e-6), ("1e6", 1.0)):
+        monkeypatch.setenv("EMBER_SPIN_US", text)
+        assert spin_window() == pytest.approx(seconds)
+    for text in ("soon", "-1", "inf", "nan", "1000001"):
+        monkeypatch.setenv("EMBER_SPIN_US", text)
+        with pytest.raises(em.ArgumentError, match="EMBER_SPIN_US must be microseconds from 0 to 1000000"):
+            spin_window()
+
+
 @pytest.mark.parametrize("whole", [True, False])
 def test_a_declined_segment_is_read_and_dropped_and_the_next_frame_follows(whole):
     big = np.arange(300_000, dtype=np.float64)  # 2.4 MB: read through the scratch buffer in 1 MiB pieces

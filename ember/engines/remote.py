@@ -26,7 +26,7 @@ from ..errors import ArgumentError, ConnectionLost, DeviceError, EmberError, Not
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import HANDSHAKE_LIMITS, Limits
-from ..wire.tcp import TimedOut
+from ..wire.tcp import TimedOut, spin_wait, spin_window
 from .base import Engine
 
 CAPABILITY_BYTES = 32   # random bytes of a transfer capability (ember.remote.transfers checks the length)
@@ -71,14 +71,16 @@ def lost_session(what: str, subject: str, engine: RemoteEngine) -> ConnectionLos
 class RemoteEngine(Engine):
     """A session with a compute peer, over a frame connection (TCP or WebSocket). ``window`` is
     the longest silence a read waits through when the peer keeps alive (None: it does not, and
-    reads wait up to EMBER_TIMEOUT)."""
+    reads wait up to EMBER_TIMEOUT); ``spin`` how long a wait for a reply polls before it sleeps
+    (EMBER_SPIN_US)."""
 
-    def __init__(self, device, connection, info: dict, window: float | None = None):
+    def __init__(self, device, connection, info: dict, window: float | None = None, spin: float = 0.0):
         self.device = device
         self.name = str(device)  # as profiles name it (never with the token)
         self.connection = connection
         self.info = info
         self.window = window if info.get("keepalive") else None
+        self.spin = spin
         self.limits = Limits.from_dict(info.get("limits", {}))
         self.dtypes = info.get("dtypes", ())
         self._ids = itertools.count(1)
@@ -377,6 +379,7 @@ class RemoteEngine(Engine):
         with self._lock:
             self.flush()
             self.counters["round_trips"] += 1
+            spin_wait(self.connection, self.spin)  # a small reply comes back in microseconds: catch it awake
             while True:
                 try:
                     frame = self.connection.receive(self.window)
@@ -425,7 +428,7 @@ def keepalive_window() -> float | None:
 def connect(device) -> RemoteEngine:
     """Open a session with the peer of ``device`` (a RemoteDevice) and return its engine."""
     from ..wire import tcp, tls, websocket
-    window = keepalive_window()
+    window, spin = keepalive_window(), spin_window()
     module = websocket if device.scheme in ("ws", "wss") else tcp
     context = tls.client_context(device.tls_ca) if device.tls else None
     # nothing large before the handshake is done, on either side
@@ -444,4 +447,4 @@ def connect(device) -> RemoteEngine:
         error = wire.ERROR_KINDS.get(header.get("kind"), ProtocolError)  # AccessDenied, TLSError, DeviceError, PeerBusy …
         raise error(f"{device} refused the session: {reason}")
     connection.set_limits(Limits.from_dict(header.get("limits", {})))
-    return RemoteEngine(device, connection, header, window)
+    return RemoteEngine(device, connection, header, window, spin)

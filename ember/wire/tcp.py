@@ -8,13 +8,14 @@ go through a scratch buffer so a small frame costs one system call. Sends are sc
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import ssl
 import time
 from collections import deque
 
-from ..errors import ConnectionLost
+from ..errors import ArgumentError, ConnectionLost
 from .protocol import Frame, FrameReader, Limits
 from .tls import wrap_client
 
@@ -38,6 +39,47 @@ def wait_limit(timeout: float | None, deadline: float | None) -> float | None:
     if left <= 0:
         raise TimedOut("the deadline passed")
     return left if timeout is None else min(timeout, left)
+
+
+SPIN_US = 50  # how long a wait for an expected frame polls before it sleeps, by default (EMBER_SPIN_US)
+
+
+def spin_window() -> float:
+    """EMBER_SPIN_US: how long, in seconds, a wait for a frame expected soon polls before it
+    sleeps in the kernel (default 50 µs; 0 never polls). See :func:`spin_wait`."""
+    text = os.environ.get("EMBER_SPIN_US", "")
+    try:
+        micros = float(text) if text.strip() else SPIN_US
+    except ValueError:
+        micros = -1.0
+    if not 0 <= micros <= 1e6:
+        raise ArgumentError(f"EMBER_SPIN_US must be microseconds from 0 to 1000000 (0: never poll), got {text!r}")
+    return micros * 1e-6
+
+
+_yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))  # sched_yield is POSIX
+
+
+def spin_wait(connection, seconds: float) -> bool:
+    """Whether a frame is ``connection.readable()`` within ``seconds``, polled without sleeping and
+    handing the CPU to any other runnable thread between polls (``sched_yield``).
+
+    For a reply expected within microseconds: a thread that sleeps in the kernel must be woken,
+    and where the CPU it slept on has gone idle (a VM's vCPU halts), that wake-up costs tens of
+    microseconds, more than a small op's whole round trip. Yielding keeps a peer that shares the
+    CPU running. Then the caller receives as it would have; polling never reads a byte, and a
+    socket closed meanwhile (a server stopping) counts as readable, for the receive to report."""
+    if seconds <= 0:
+        return False
+    end = time.perf_counter() + seconds
+    try:
+        while not connection.readable():
+            if time.perf_counter() >= end:
+                return False
+            _yield_cpu()
+    except (OSError, ValueError):  # ValueError: select() of a socket closed by another thread
+        pass
+    return True
 
 
 def tune(sock: socket.socket) -> None:
