@@ -18,6 +18,10 @@ from collections import deque
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
 LOG_LINES = 1000  # the stderr lines a PeerProcess keeps
+# A peer spawned here shares this machine's CPUs with its client and any other local peer. OpenBLAS's
+# worker threads poll for new work for about 2**28 cycles (~0.1 s) after each call, holding a CPU the
+# others need: 2^4 cycles makes them sleep at once. The caller's environment still decides.
+SHARED_CPU_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}
 
 
 class PeerProcess:
@@ -27,7 +31,8 @@ class PeerProcess:
         command = [sys.executable, "-m", "ember.cli", "serve", "--listen", "127.0.0.1:0", *args]
         # the peer stops when this pipe closes, so a parent that dies (even by SIGKILL) leaves no peer behind
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env={**os.environ, **(env or {}), "EMBER_STOP_WITH_PARENT": "1"})
+                                        text=True, env={**SHARED_CPU_ENV, **os.environ, **(env or {}),
+                                                                  "EMBER_STOP_WITH_PARENT": "1"})
         self.address: str | None = None
         self.output: list[str] = []
         self.log: deque[str] = deque(maxlen=LOG_LINES)
