@@ -314,8 +314,12 @@ def test_a_spin_wait_sees_a_frame_arrive_and_reads_none_of_it():
     from ember.wire.tcp import spin_wait
     connection, far = _tcp_pair()
     try:
-        assert not spin_wait(connection, 0) and not spin_wait(connection, 0.002)  # nothing came
+        started = time.monotonic()
+        assert not spin_wait(connection, 0) and not spin_wait(connection, 0.002)  # nothing came …
+        assert time.monotonic() - started < 5  # … and the window ended the polling
         far.sendall(_bytes({"t": "reply", "n": 1}))
+        time.sleep(0.05)
+        assert not spin_wait(connection, 0)  # a window of 0 (EMBER_SPIN_US=0) never polls
         assert spin_wait(connection, 5)
         assert connection.receive().header == {"t": "reply", "n": 1}  # polling read no byte of it
         later = threading.Timer(0.05, lambda: far.sendall(_bytes({"t": "reply", "n": 2})))
