@@ -2,7 +2,8 @@
 
 The peer tests send these frames over real sockets; here every edge of the format — limits at
 their exact value, header-less frames, empty and non-contiguous tensors, frames split anywhere,
-several frames in one read — is checked directly.
+several frames in one read — is checked directly. The TCP shell's waits (deadlines, polling for
+an expected frame) are checked last, over a loopback socket pair.
 """
 
 from __future__ import annotations

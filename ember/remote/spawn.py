@@ -31,8 +31,8 @@ class PeerProcess:
         command = [sys.executable, "-m", "ember.cli", "serve", "--listen", "127.0.0.1:0", *args]
         # the peer stops when this pipe closes, so a parent that dies (even by SIGKILL) leaves no peer behind
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env={**SHARED_CPU_ENV, **os.environ, **(env or {}),
-                                                                  "EMBER_STOP_WITH_PARENT": "1"})
+                                        text=True,
+                                        env={**SHARED_CPU_ENV, **os.environ, **(env or {}), "EMBER_STOP_WITH_PARENT": "1"})
         self.address: str | None = None
         self.output: list[str] = []
         self.log: deque[str] = deque(maxlen=LOG_LINES)
