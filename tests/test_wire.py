@@ -128,6 +128,25 @@ def test_a_non_contiguous_tensor_is_sent_by_value(tensor):
     np.testing.assert_array_equal(frame.segments[0], tensor)
 
 
+def test_a_finished_frames_tensors_are_held_by_the_frame_alone():
+    """Was: the reader kept the last frame's arrays until the next frame's header, so a client's
+    download buffers (reused only once nothing refers to them) were never free for the next read."""
+    import weakref
+    made = []
+
+    def allocate(shape, dtype):
+        array = np.empty(shape, dtype)
+        made.append(weakref.ref(array))
+        return array
+
+    reader = FrameReader(allocate=allocate)
+    data = _bytes({"t": "reply"}, [np.arange(1000.0)])
+    frames = reader.feed(data[:10]) + reader.feed(data[10:])  # split: through the reader's stages
+    assert len(frames) == 1 and made[0]() is not None
+    np.testing.assert_array_equal(frames[0].segments[0], np.arange(1000.0))
+    del frames
+    assert made[0]() is None
+
 @pytest.mark.parametrize("whole", [True, False])
 def test_a_frame_without_a_header_is_an_empty_map(whole):
     reader = FrameReader()

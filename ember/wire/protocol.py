@@ -233,6 +233,9 @@ class FrameReader:
         self._stage = "prefix"
         self._target = memoryview(bytearray(PREFIX_SIZE))
         self._filled = 0
+        # a finished frame's header and arrays are its own: held here, they would keep its tensors'
+        # buffers from a pool that reuses only what nothing else refers to
+        self._header = self._arrays = None
 
     def buffer(self) -> memoryview:
         """The writable region where the next bytes of the stream belong."""
