@@ -156,11 +156,15 @@ def test_download_buffers_are_reused_only_once_nothing_refers_to_them():
     del view
     small = buffers.allocate((100,), np.dtype(np.float64))  # under the minimum: never kept
     assert all(b.nbytes >= 1 << 20 for b in buffers.lent)
-    huge = buffers.allocate((5 << 20,), np.dtype(np.uint8))  # over the capacity: never kept
+    pooled = [_address(b) for b in buffers.lent]
+    huge = buffers.allocate((5 << 20,), np.dtype(np.uint8))  # over the capacity: never kept, and evicts nothing
+    assert [_address(b) for b in buffers.lent] == pooled
     assert buffers.total == sum(b.nbytes for b in buffers.lent) <= 4 << 20
-    for _ in range(6):  # more than the capacity, all in use: the oldest are forgotten, not reused
-        buffers.allocate((1 << 20,), np.dtype(np.uint8))
-    assert buffers.total == sum(b.nbytes for b in buffers.lent) <= 4 << 20
+    reused = buffers.allocate((1 << 20,), np.dtype(np.uint8))  # the oldest free buffer, lent again: now the newest
+    held = [buffers.allocate((1 << 20,), np.dtype(np.uint8)) for _ in range(3)]  # in use: new buffers
+    newest = [_address(a) for a in (reused, *held)]
+    assert [_address(b) for b in buffers.lent] == newest  # the capacity keeps the four most recently lent
+    assert buffers.total == sum(b.nbytes for b in buffers.lent) == 4 << 20
     assert small.nbytes == 800 and huge.nbytes == 5 << 20
 
 
@@ -174,11 +178,13 @@ def test_a_download_reuses_the_memory_of_one_the_program_dropped_and_never_of_on
     dropped = em.asnumpy(x + 2)
     del dropped
     em.sync(remote)
+    taken = np.ones(1_000_000, np.float32)  # would take the memory malloc got back, had the download let it go
     before = _page_faults(os.getpid())
     again = em.asnumpy(x + 3)
     faults = _page_faults(os.getpid()) - before
     np.testing.assert_array_equal(kept, host + 1)  # the kept read was not written over
     np.testing.assert_array_equal(again, host + 3)
+    assert taken.sum() == 1_000_000
     if remote.scheme == "ember":  # over WebSocket the websockets library's own buffers of the message fault too
         assert faults < 100, faults  # 4 MB of fresh memory would be ~980
 
