@@ -76,7 +76,11 @@ class DownloadBuffers:
     def __init__(self, capacity: int = 64 << 20, minimum: int = 1 << 20):
         self.capacity, self.minimum = capacity, minimum
         self.lent: list[np.ndarray] = []  # oldest first
-        self.total = 0
+
+    @property
+    def total(self) -> int:
+        """Bytes of the buffers kept."""
+        return sum(buffer.nbytes for buffer in self.lent)
 
     def allocate(self, shape: tuple, dtype) -> np.ndarray:
         """An array of ``shape`` and ``dtype`` to receive a download into (the frame reader's hook)."""
@@ -92,9 +96,8 @@ class DownloadBuffers:
                 return buffer.view(dtype).reshape(shape)
         buffer = np.empty(nbytes, np.uint8)
         lent.append(buffer)
-        self.total += nbytes
         while self.total > self.capacity:  # forget the oldest: a program still using it keeps it
-            self.total -= lent.pop(0).nbytes
+            lent.pop(0)
         return buffer.view(dtype).reshape(shape)
 
 

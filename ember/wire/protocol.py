@@ -103,24 +103,25 @@ def pack(value) -> bytes:
 # every encoding of a timestamp: a marker (fixext 1–16, 0xd4–0xd8), or a marker and its length (ext
 # 8, 16, 32: 0xc7, 0xc8, 0xc9 with 1, 2, 4 bytes), then the type byte 0xff
 _TIMESTAMP_MARKERS = re.compile(rb"[\xd4-\xd8]\xff|\xc7.\xff|\xc8..\xff|\xc9....\xff", re.DOTALL)
-_FEW = 16  # up to this many 0xff bytes are looked behind one by one; more, by the regular expression
+_FEW = 16  # up to this many 0xff bytes are looked behind one by one; then the rest is searched whole
 
 
 def maybe_timestamp(data) -> bool:
     """Whether ``data`` may encode a msgpack timestamp, which msgpack decodes itself without asking
     the ext hook. Most batches hold no 0xff byte or a few, so each is found with ``bytes.find`` and
-    the bytes before it looked at: a regular expression over every byte cost more than decoding
-    the batch. A header of many 0xff bytes (a hostile one) is searched by the expression, in C."""
+    only the bytes just before it are searched for a marker: a regular expression over every byte
+    cost more than decoding the batch. Past a few (a hostile header of 0xff bytes), the rest is
+    searched whole, in C."""
     data = bytes(data)
-    if data.count(b"\xff") > _FEW:
-        return _TIMESTAMP_MARKERS.search(data) is not None
+    search = _TIMESTAMP_MARKERS.search
     at = data.find(b"\xff")
-    while at >= 0:
-        if ((at >= 1 and 0xd4 <= data[at - 1] <= 0xd8) or (at >= 2 and data[at - 2] == 0xc7)
-                or (at >= 3 and data[at - 3] == 0xc8) or (at >= 5 and data[at - 5] == 0xc9)):
+    for _ in range(_FEW):
+        if at < 0:
+            return False
+        if search(data, max(0, at - 5), at + 1):  # a match ending at this 0xff: the longest is 6 bytes
             return True
         at = data.find(b"\xff", at + 1)
-    return False
+    return at >= 0 and search(data, max(0, at - 5)) is not None
 
 
 def unpack(data):
