@@ -270,6 +270,7 @@ def test_the_timestamp_scan_finds_what_a_regular_expression_of_the_markers_finds
     assert wire.maybe_timestamp(data) is expected
     assert wire.maybe_timestamp(memoryview(data)) is expected
     assert wire.maybe_timestamp(b"\xff" * 17 + data) is expected
+    assert wire.maybe_timestamp(b"\xff" * 16 + data) is expected  # data's first 0xff is the one the whole search starts at
 
 
 def test_maps_and_extensions_are_small():
