@@ -17,7 +17,7 @@ from . import dtypes as dt
 from .devices import Device, default_device
 from .devices import device as as_device
 from .errors import DeviceError, DTypeError, EmberError, ShapeError, with_prefix
-from .ops.table import META_CACHE, Meta, fmt_shape
+from .ops.table import Meta, fmt_shape
 
 
 class Array:
@@ -230,21 +230,20 @@ def apply(op, device: Device, handles: tuple, metas: tuple, attrs: dict):
     """The rest of :func:`bind` once its inputs are gathered: ``handles`` on ``device`` (and
     literals) with their ``metas``. Callers that know their inputs share one device (an
     elementwise op on one array) come here directly."""
-    # a row without attributes (the elementwise ones) has nothing to canonicalise: Op.infer's cache, read without the call
-    known = None if attrs or op.attrs else META_CACHE.get((op, metas))
+    # a plain row (the elementwise ones) has nothing to canonicalise: Op.infer's cache, read without the call
+    known = op.cache.get(metas) if op.plain and not attrs else None
     if known is not None:
-        out_metas = known[1]
+        meta = known[1][0]
     else:
         attrs, out_metas = op.infer(metas, attrs)
-    engine = device.engine
-    if op.multiple or op.data_dependent:
-        outs, out_metas = engine.execute(op, handles, metas, attrs, out_metas)
-        if op.multiple:
-            return tuple(_new_array(h, m, device) for h, m in zip(outs, out_metas))
-        return _new_array(outs[0], out_metas[0], device)
-    meta = out_metas[0]
+        if op.multiple or op.data_dependent:
+            outs, out_metas = device.engine.execute(op, handles, metas, attrs, out_metas)
+            if op.multiple:
+                return tuple(_new_array(h, m, device) for h, m in zip(outs, out_metas))
+            return _new_array(outs[0], out_metas[0], device)
+        meta = out_metas[0]
     array = _object_new(Array)  # _new_array, inlined on the hot path
-    array._handle, array._meta, array._device = engine.apply(op, handles, metas, attrs, meta), meta, device
+    array._handle, array._meta, array._device = device.engine.apply(op, handles, metas, attrs, meta), meta, device
     return array
 
 

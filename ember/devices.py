@@ -55,6 +55,11 @@ class Device:
     def _make_engine(self):
         raise NotImplementedError
 
+    def literal(self, value, dtype):
+        """Python scalar ``value``, a literal of ``dtype`` beside an array, in the form this device's
+        engine takes it fastest (:meth:`Engine.literal`); the scalar itself for most engines."""
+        return value
+
     @property
     def hardware(self) -> tuple:
         """What identifies the hardware: equal for devices that share it."""
@@ -92,12 +97,22 @@ class Device:
 class LocalDevice(Device):
     """A hardware device of a local backend (numpy, torch:cpu, torch:cuda:N, jax:cpu, jax:gpu:N)."""
 
-    __slots__ = ("backend_name", "name")
+    # a local engine is never lost, so once made it sits in a plain slot: ``device.engine`` on the
+    # hot path of every op is an attribute read, not the base class's property (``__getattr__``
+    # makes it on first use)
+    __slots__ = ("backend_name", "name", "engine", "literal")
     kind = "local"
 
     def __init__(self, backend_name: str, name: str):
         super().__init__()
         self.backend_name, self.name = backend_name, name
+
+    def __getattr__(self, name: str):
+        if name not in ("engine", "literal"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        engine = self._renew()
+        self.engine, self.literal = engine, engine.literal
+        return getattr(self, name)
 
     def _make_engine(self):
         from .backends import backend_module

@@ -303,18 +303,20 @@ def test_the_rule_cache_serves_repeats_without_running_the_rule_and_keys_types_i
 def test_the_rule_cache_keeps_short_keys_only_and_stays_within_its_bound(monkeypatch):
     from ember.ops import table
     probe = Op("probe", ("x",), {"axis": 0}, lambda x, axis: Meta(x.shape, x.dtype), family="utility")
-    monkeypatch.setattr(table, "META_CACHE", {})
     for ndim, cached in ((64, True), (65, False)):
         probe.infer((Meta((1,) * ndim, em.float64),), {"axis": 0})
-        assert any(key[1][0].shape == (1,) * ndim for key in table.META_CACHE) is cached
+        assert any(key[0][0].shape == (1,) * ndim for key in probe.cache) is cached
     for length, cached in ((64, True), (65, False)):
         probe.infer((Meta((2,), em.float64),), {"axis": (0,) * length})
-        assert any(len(key) > 2 and key[2] == ((0,) * length,) for key in table.META_CACHE) is cached
+        assert any(key[1] == ((0,) * length,) for key in probe.cache) is cached
+    # the bound counts every row's cache together: filling this one empties the others too
+    em.sin(em.ones(3))
+    assert table.OPS["sin"].cache
     monkeypatch.setattr(table, "META_CACHE_ENTRIES", 3)
-    table.META_CACHE.clear()
     for n in range(1, 8):
         probe.infer((Meta((n,), em.float64),), {"axis": 0})
-        assert 1 <= len(table.META_CACHE) <= 3
+        assert 1 <= table.cached_entries() <= 3
+    assert not table.OPS["sin"].cache
 
 
 def test_the_tables_helpers_name_what_they_refuse():

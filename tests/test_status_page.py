@@ -70,9 +70,9 @@ def test_the_status_page_shows_sessions_and_throughput(tmp_path):
             while not stop.is_set():
                 steps.append(float(em.sum(em.tanh(x @ x.mT / 256.0))))
 
+        browser = _chromium(tmp_path / "chromium")  # first: a skip here leaves no worker running into the peer's stop
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
-        browser = _chromium(tmp_path / "chromium")
         try:
             browser.get(f"http://{peer.address}/")
             wait = WebDriverWait(browser, 30)

@@ -218,9 +218,11 @@ class NumpyBackend(Backend):
         every call; a value that dtype cannot hold stays a Python scalar, for the kernel to judge."""
         try:
             with np.errstate(all="raise"):
-                return np.asarray(value, dtype=NATIVE[dtype])
+                converted = np.array(value, dtype=NATIVE[dtype])
         except (OverflowError, ValueError, FloatingPointError, TypeError):
             return value
+        converted.flags.writeable = False  # shared by every call and plan that uses the value
+        return converted
 
     def dtype_of(self, native) -> dt.DType:
         return EMBER[native.dtype]

@@ -14,6 +14,8 @@ from ..ops.records import LITERAL_METAS
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
 
+LITERALS_KEPT = 1024  # the scalar literals an engine keeps converted (a loop's changing scalars stop there)
+
 
 class LocalEngine(Engine):
     """Runs ops now, on one backend device; handles are native arrays."""
@@ -24,7 +26,9 @@ class LocalEngine(Engine):
         self._native_type = backend.native_type
         self._dtypes = frozenset(backend.dtypes)
         self._all_dtypes = len(self._dtypes) == len(dt.ALL)  # then results need no dtype check
+        self._unchecked = self._kernels if self._all_dtypes else {}  # the kernels apply runs without a check first
         self.ops_executed = 0
+        self._literals: dict = {}
         self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def execute(self, op, inputs, in_metas, attrs, metas):
@@ -52,8 +56,8 @@ class LocalEngine(Engine):
         return outs, metas
 
     def apply(self, op, inputs, in_metas, attrs, meta):
-        kernel = self._kernels.get(op.name)
-        if kernel is None or not self._all_dtypes:  # refused, or dtypes to check: the full path says why
+        kernel = self._unchecked.get(op.name)
+        if kernel is None:  # refused, or dtypes to check: the full path says why
             return self.execute(op, inputs, in_metas, attrs, (meta,))[0][0]
         try:
             out = kernel(*inputs, **attrs) if attrs else kernel(*inputs)
@@ -63,6 +67,18 @@ class LocalEngine(Engine):
             raise _translate(error, op.name, inputs) from error
         self.ops_executed += 1
         return out if type(out) is self._native_type else self.backend.coerce(out)
+
+    def literal(self, value, dtype):
+        """The backend's form of a scalar literal (:meth:`Backend.literal`: NumPy's 0-d array of the
+        dtype, which its kernels take without converting a Python float at every call), made once
+        per value and dtype. Zeros (0.0 and -0.0 are one key), NaNs (equal to nothing) and values
+        past the first LITERALS_KEPT stay Python scalars, converted by the kernel as before."""
+        converted = self._literals.get((value, dtype))
+        if converted is None:
+            if not value or value != value or len(self._literals) >= LITERALS_KEPT:
+                return value
+            converted = self._literals[(value, dtype)] = self.backend.literal(value, dtype)
+        return converted
 
     def _check_dtypes(self, op, in_metas, metas) -> None:
         if op.family == "data type":  # astype: the way into and out of a dtype the backend holds but computes nothing on

@@ -57,12 +57,16 @@ def operands(name: str, x1, x2, lifts: bool = False):
         raise with_prefix(error, name) from None
 
 
-# dtypes a Python float or int scalar joins without a cast or a range check (the fast path)
-_KEEPS = {float: frozenset((dt.float32, dt.float64, dt.complex64, dt.complex128)),
-          int: frozenset((dt.float32, dt.float64, dt.complex64, dt.complex128))}
+# the dtypes a Python float or int scalar joins without a cast or a range check (the fast path), each
+# with the meta of such a literal
+_KEEPS = {kind: {d: SCALAR_METAS[d] for d in (dt.float32, dt.float64, dt.complex64, dt.complex128)}
+          for kind in (float, int)}
+_NO_LITERAL: dict = {}  # any other type of operand
 
 
-def _binary(op):
+def _binary(op, operator: bool = False):
+    """The namespace function of a binary row; with ``operator``, the Python operator itself
+    (``Array.__mul__``), which answers NotImplemented for an operand it does not take."""
     lifts = op.lift
 
     def function(x1, x2, /):
@@ -73,11 +77,20 @@ def _binary(op):
             if t2 is Array:
                 if meta.dtype is x2._meta.dtype and x1._device is x2._device and not (lifts and meta.dtype.kind in _LOWER_KINDS):
                     return apply(op, x1._device, (x1._handle, x2._handle), (meta, x2._meta), _EMPTY)
-            elif (t2 is float or t2 is int) and meta.dtype in _KEEPS[t2]:
-                return apply(op, x1._device, (x1._handle, x2), (meta, SCALAR_METAS[meta.dtype]), _EMPTY)
-        elif type(x2) is Array and (type(x1) is float or type(x1) is int) and x2._meta.dtype in _KEEPS[type(x1)]:
+            else:
+                dtype = meta.dtype
+                literal_meta = _KEEPS.get(t2, _NO_LITERAL).get(dtype)
+                if literal_meta is not None:
+                    device = x1._device
+                    return apply(op, device, (x1._handle, device.literal(x2, dtype)), (meta, literal_meta), _EMPTY)
+                if operator and not is_operand(x2):
+                    return NotImplemented
+        elif type(x2) is Array:
             meta = x2._meta
-            return apply(op, x2._device, (x1, x2._handle), (SCALAR_METAS[meta.dtype], meta), _EMPTY)
+            literal_meta = _KEEPS.get(type(x1), _NO_LITERAL).get(meta.dtype)
+            if literal_meta is not None:
+                device = x2._device
+                return apply(op, device, (device.literal(x1, meta.dtype), x2._handle), (literal_meta, meta), _EMPTY)
         x1, x2, literal = operands(op.name, x1, x2, lifts)
         return bind(op, (x1, x2), _EMPTY, literal_dtype=literal)
 
@@ -87,11 +100,22 @@ def _binary(op):
     return function
 
 
+_OPERANDS = (Array, *dt.PYTHON_SCALARS)
+
+
+def is_operand(value) -> bool:
+    """Whether a binary operator takes ``value`` beside an array (else NotImplemented: Python asks the other side)."""
+    return isinstance(value, _OPERANDS)
+
+
 __all__ = []
+OPERATORS = {}  # binary row name -> its Python operator (namespace/methods.py installs them)
 for _op in OPS.values():
     if _op.family in ("elementwise unary", "elementwise binary"):
         globals()[_op.name] = (_unary if _op.family == "elementwise unary" else _binary)(_op)
         __all__.append(_op.name)
+        if _op.family == "elementwise binary":
+            OPERATORS[_op.name] = _binary(_op, operator=True)
 
 
 def clip(x, /, min=None, max=None):

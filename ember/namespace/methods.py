@@ -3,22 +3,15 @@ above it (as JAX installs its array methods): the array object itself knows no o
 
 from __future__ import annotations
 
-from .. import dtypes as dt
 from ..array import Array
 from . import elementwise as ew
 from . import indexing, linear_algebra, manipulation
-
-_OPERANDS = (Array, *dt.PYTHON_SCALARS)
-_EXACT_OPERANDS = frozenset(_OPERANDS)  # a set lookup first: the operators are the hot path
-
-
-def _operand(value) -> bool:
-    return type(value) in _EXACT_OPERANDS or isinstance(value, _OPERANDS)
+from .elementwise import is_operand
 
 
 def _forward(function):
     def method(self, other):
-        if type(other) in _EXACT_OPERANDS or isinstance(other, _OPERANDS):
+        if is_operand(other):
             return function(self, other)
         return NotImplemented
     return method
@@ -26,7 +19,7 @@ def _forward(function):
 
 def _reflected(function):
     def method(self, other):
-        if not _operand(other):
+        if not is_operand(other):
             return NotImplemented
         return function(other, self)
     return method
@@ -34,7 +27,7 @@ def _reflected(function):
 
 def _in_place(function, name):
     def method(self, other):
-        if not _operand(other):
+        if not is_operand(other):
             return NotImplemented
         self._rebind(function(self, other), name)
         return self
@@ -67,12 +60,13 @@ def install() -> None:
         "lshift": ew.bitwise_left_shift, "rshift": ew.bitwise_right_shift, "matmul": linear_algebra.matmul,
     }
     for name, function in binary.items():
-        setattr(Array, f"__{name}__", _forward(function))
+        # an elementwise row's operator is the row's own binary function (one frame on the hot path)
+        setattr(Array, f"__{name}__", ew.OPERATORS.get(function.__name__) or _forward(function))
         setattr(Array, f"__r{name}__", _reflected(function))
         setattr(Array, f"__i{name}__", _in_place(function, f"__i{name}__"))
     for name, function in {"eq": ew.equal, "ne": ew.not_equal, "lt": ew.less, "le": ew.less_equal,
                            "gt": ew.greater, "ge": ew.greater_equal}.items():
-        setattr(Array, f"__{name}__", _forward(function))
+        setattr(Array, f"__{name}__", ew.OPERATORS[function.__name__])
     for name, function in {"abs": ew.abs, "neg": ew.negative, "pos": ew.positive, "invert": ew.bitwise_invert}.items():
         setattr(Array, f"__{name}__", function)
     Array.__getitem__, Array.__setitem__ = _getitem, _setitem

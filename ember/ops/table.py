@@ -15,8 +15,9 @@ inputs, outputs, attributes, output metas)`` where attributes are None, bool, in
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import dtypes as dt
@@ -58,14 +59,31 @@ FAMILIES = (*ELEMENTWISE_FAMILIES, "creation", "data type", "indexing", "linear 
             "searching", "set", "sorting", "utility", "fft", "linalg", "nn")
 NO_GRADIENT = "no gradient"  # the grad rule of an op whose outputs carry no gradient
 
-# Meta rule results of every op, in one cache bounded for the whole process, so the clients of a
-# compute peer cannot grow it without limit; keys with very long shapes or attribute tuples (a
-# reshape to 100,000 dimensions) are computed each time, never kept. Failures are never cached.
-# A row without attributes is keyed ``(op, input metas)``, its value ``(None, output metas)``:
-# eager execution (array.apply) reads that directly, without calling Op.infer.
-META_CACHE: dict = {}
+# Meta rule results: each row keeps its own (``Op.cache``), and the rows' caches together hold at
+# most META_CACHE_ENTRIES, for the whole process, so the clients of a compute peer cannot grow them
+# without limit; keys with very long shapes or attribute tuples (a reshape to 100,000 dimensions)
+# are computed each time, never kept. Failures are never cached. A call without attributes is
+# keyed by its input metas alone, its value ``(None, output metas)``: eager execution
+# (array.apply) reads that directly, without calling Op.infer.
 META_CACHE_ENTRIES = 16384
 _CACHED_LENGTH = 64
+_ROWS: weakref.WeakSet = weakref.WeakSet()  # every row made, whose caches count against the bound
+_cached = 0  # entries in the rows' caches together
+
+
+def cached_entries() -> int:
+    """How many meta rule results the rows' caches hold together (at most META_CACHE_ENTRIES)."""
+    return sum(len(row.cache) for row in _ROWS)
+
+
+def _remember(cache: dict, key, value) -> None:
+    global _cached
+    if _cached >= META_CACHE_ENTRIES:
+        for row in _ROWS:
+            row.cache.clear()
+        _cached = 0
+    cache[key] = value
+    _cached += 1
 
 
 def _kind(value):
@@ -119,6 +137,13 @@ class Op:
     symmetric_input: bool = False  # reads only a triangle of a symmetric matrix (its gradient is symmetrised)
     grad: Any = None
     doc: str = ""
+    cache: dict = field(default_factory=dict, init=False, repr=False)  # this row's meta rule results (see META_CACHE_ENTRIES)
+    # no attributes, one output, its size known: a call's result is its cache entry by input metas alone (array.apply)
+    plain: bool = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.plain = not self.attrs and not self.multiple and not self.data_dependent
+        _ROWS.add(self)
 
     @property
     def variadic(self) -> bool:
@@ -133,8 +158,8 @@ class Op:
     def infer(self, metas: tuple, attrs: dict) -> tuple[dict, tuple]:
         """Canonical attributes and output metas for inputs ``metas``; errors name the op.
 
-        Results are cached by (op, metas, attrs): the rules are pure, and a chain of the same op
-        on the same shapes pays for the rule once. The cache keeps only the attributes that
+        Results are cached by (metas, attrs) in the row's ``cache``: the rules are pure, and a
+        chain of the same op on the same shapes pays for the rule once. The cache keeps only the attributes that
         the canon rule replaced, so values it left alone (-0.0 beside 0.0) are never swapped.
         """
         try:
@@ -143,10 +168,10 @@ class Op:
                 # types are part of the key, inside tuples too: True, 1 and 1.0 are equal but give different
                 # dtypes, and axis=(False, True) is refused where (0, 1) is not
                 kinds = tuple(map(type, values))
-                key = (self, metas, values, tuple(map(_kind, values)) if tuple in kinds else kinds)
+                key = (metas, values, tuple(map(_kind, values)) if tuple in kinds else kinds)
             else:  # the hot path: an elementwise op
-                values, key = (), (self, metas)
-            replaced, out = META_CACHE[key]
+                values, key = (), metas
+            replaced, out = self.cache[key]
             return ({**attrs, **replaced} if replaced else attrs), out
         except KeyError:
             pass
@@ -163,9 +188,7 @@ class Op:
             raise ArgumentError(f"{self.name}: an attribute is nested too deeply") from None
         out = (out,) if type(out) is Meta else out
         if key is not None and _small(metas, values, out):
-            if len(META_CACHE) >= META_CACHE_ENTRIES:
-                META_CACHE.clear()
-            META_CACHE[key] = (replaced, out)
+            _remember(self.cache, key, (replaced, out))
         return attrs, out
 
     def __repr__(self) -> str:
