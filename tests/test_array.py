@@ -51,6 +51,36 @@ def test_python_scalars_follow_the_standard(device_name):
 
 
 @pytest.mark.parametrize("device_name", LOCAL_DEVICES)
+def test_scalar_literals_kept_converted_give_the_results_of_python_scalars(device_name, monkeypatch):
+    from ember.engines import local
+    host = np.array([1.5, -2.0, 0.0], dtype=np.float32)
+    x = em.asarray(host, device=device_name)
+    engine = x.device.engine
+    engine._literals.clear()
+    for scalar in (1.0001, 1.0001, 3, -0.0, 0.0, -0.0, float("nan"), float("inf"), 1e300, 2 ** 40):
+        for result, expected in ((x * scalar, host * scalar), (scalar - x, scalar - host), (x / scalar, host / scalar)):
+            got = em.asnumpy(result)
+            assert got.dtype == np.float32
+            # bit for bit, the sign of a zero included (0.0 and -0.0 are one key in a dict)
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(expected), err_msg=repr(scalar))
+            np.testing.assert_array_equal(got, expected, err_msg=repr(scalar))
+    kept = {value for value, _ in engine._literals}
+    assert kept == {1.0001, 3, float("inf"), 1e300, 2 ** 40}  # never a zero or a NaN
+    if device_name == "numpy":  # NumPy's kernels take a 0-d array: read-only, since every call shares it
+        literal = engine.literal(1.0001, em.float32)
+        assert literal is engine.literal(1.0001, em.float32) and literal.dtype == np.float32
+        assert not literal.flags.writeable
+        assert engine.literal(1e300, em.float32) == 1e300  # float32 cannot hold it: the kernel judges, as before
+    monkeypatch.setattr(local, "LITERALS_KEPT", len(engine._literals) + 2)
+    for step in range(10):  # a loop's changing scalars: kept up to the bound, right beyond it
+        np.testing.assert_array_equal(em.asnumpy(x + (step + 0.5)), host + np.float32(step + 0.5))
+    assert len(engine._literals) == local.LITERALS_KEPT
+    assert x.__mul__(object()) is NotImplemented and x.__mul__(np.float32(2)) is NotImplemented
+    with pytest.raises(TypeError, match="unsupported operand"):
+        x * object()
+
+
+@pytest.mark.parametrize("device_name", LOCAL_DEVICES)
 def test_in_place_operators_keep_identity_dtype_and_shape(device_name):
     x = em.asarray([1.0, 2.0], device=device_name)
     alias = x
@@ -167,6 +197,10 @@ def test_devices_parse_and_compare():
     for bad in ("nump", "torch:tpu", "ember://host:7878/x", "http://host/0"):
         with pytest.raises(em.DeviceError):
             em.device(bad)
+    local = em.device("numpy")  # a local engine sits in a slot once made: one engine, and no other name made up
+    assert local.engine is local.engine is local._engine and local.literal == local.engine.literal
+    with pytest.raises(AttributeError, match="'LocalDevice' object has no attribute 'engin'"):
+        _ = local.engin
 
 
 def test_default_device_follows_the_environment(monkeypatch):

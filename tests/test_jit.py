@@ -135,6 +135,33 @@ def test_a_plan_keeps_what_the_caller_holds_while_letting_intermediates_go():
         np.testing.assert_allclose(em.asnumpy(after), 5.0 + 2 * host)
 
 
+def test_a_plan_shares_its_literals_and_getters_and_names_a_failing_step_inside_a_run():
+    """A replay touches little memory: one slot per literal value (but each use of ±0.0 its own), one getter
+    per list of slots. A kernel failing inside a run of in-place steps is named with its inputs."""
+    def function(x, y):
+        z = x * 2.0
+        for _ in range(3):
+            z = (z + 1.0) * 2.0
+        z = z / y                                  # in place, over z's buffer
+        return ((z - 0.0) * -0.0) + float("nan")  # −0.0 and NaN kept apart from 0.0
+    jitted = em.jit(function)
+    x, y = em.asarray([1.0, -2.0, 3.0]), em.asarray([2.0, 4.0, 8.0])
+    expected = function(x, y)
+    np.testing.assert_array_equal(em.asnumpy(jitted(x, y)), em.asnumpy(expected))
+    (graph, _), = jitted.graphs.values()
+    plan = x.device.engine._plans[graph]
+    literals = [value for _, value in plan.preset]
+    assert sorted(float(v) for v in literals if v == v) == [-0.0, 0.0, 1.0, 2.0]
+    assert [np.signbit(v) for v in literals if v == 0] in ([False, True], [True, False])
+    runs = [item for item in plan._program if type(item) is list]
+    assert runs and len({id(pair) for run in runs for pair in run}) < sum(map(len, runs))  # pairs shared
+    assert len({id(step[1]) for step in plan.steps}) < len(plan.steps)  # getters shared
+    with np.errstate(divide="raise"), pytest.raises(em.ExecutionError, match=r"^divide: divide by zero .*"
+                                                   r"\(inputs: \(3,\) float64, \(3,\) float64\)"):
+        jitted(x, em.asarray([2.0, 0.0, 8.0]))
+    np.testing.assert_array_equal(em.asnumpy(jitted(x, y)), em.asnumpy(expected))  # the plan still runs
+
+
 ELEMENTWISE = sorted(name for name, op in OPS.items() if op.elementwise)
 
 

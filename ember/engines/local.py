@@ -135,6 +135,18 @@ class LocalEngine(Engine):
                     if intos[index] is None:
                         shared.add(ref)
         owned = set()  # nodes whose buffer the plan made and no view shares: one may be written over
+        # a literal's slot by value, and one getter per list of slots: a chain's thousand `x * 1.0001` read one
+        # array through one getter, so a replay touches little memory (what a cold cache makes it pay for)
+        literals: dict = {}
+        getters: dict = {}
+
+        def getter(indices: list):
+            key = tuple(indices)
+            fetch = getters.get(key)
+            if fetch is None:
+                fetch = getters[key] = _getter(indices)
+            return fetch
+
         steps = []
         for index, (op, refs, outs, attrs) in enumerate(ops):
             kernel, into = self._kernels.get(op.name), intos[index]
@@ -144,10 +156,16 @@ class LocalEngine(Engine):
             for ref in refs:
                 if type(ref) is int:
                     args.append(slot(ref))
-                else:  # a literal: a preset slot holding its value
-                    literal_slot = len(slots)
-                    slots[("literal", literal_slot)] = literal_slot
-                    preset.append((literal_slot, ref[0] if into is None else backend.literal(ref[0], _dtype(ref[1]))))
+                else:  # a literal: a preset slot holding its value, one per value where a dict tells values apart
+                    value = ref[0]
+                    key = (type(value), value, ref[1], into is None) if value else None  # 0.0 == -0.0: not kept apart
+                    literal_slot = literals.get(key) if key is not None else None
+                    if literal_slot is None:
+                        literal_slot = len(slots)
+                        slots[("literal", literal_slot)] = literal_slot
+                        preset.append((literal_slot, value if into is None else backend.literal(value, _dtype(ref[1]))))
+                        if key is not None:
+                            literals[key] = literal_slot
                     args.append(literal_slot)
             ending = [r for r in dict.fromkeys(refs) if type(r) is int and last[r] == index and r not in kept]
             over = None  # the input written over
@@ -158,16 +176,16 @@ class LocalEngine(Engine):
             if over is not None:
                 slots[outs[0]] = slots[over]
                 ending.remove(over)
-                kernel, fetch, store = into, _getter(args + [slots[over]]), None
+                kernel, fetch, store = into, getter(args + [slots[over]]), None
             else:
                 store = tuple(slot(o) for o in outs)
                 if len(store) == 1 and not op.multiple:
                     store = store[0]
-                fetch = _getter(args)
+                fetch = getter(args)
                 if attrs:
                     kernel = functools.partial(kernel, **attrs)
             ending += [o for o in outs if o not in last and o not in kept]
-            steps.append((kernel, fetch, store, tuple(slots[n] for n in ending), (op, _getter(args))))
+            steps.append((kernel, fetch, store, tuple(slots[n] for n in ending), (op, getter(args))))
         plan = Plan(self, steps, len(slots), preset, inputs, [slots[o] for o in output_ids])
         return backend.compiled(plan) or plan
 
@@ -224,6 +242,7 @@ class Plan:
     def __init__(self, engine: LocalEngine, steps: list, n_slots: int, preset: list, inputs: list, outputs: list):
         self.engine, self.steps, self.n_slots = engine, steps, n_slots
         self.preset, self.inputs, self.outputs = preset, inputs, outputs
+        self._program = _program(steps)
 
     def run(self, inputs) -> list:
         values = self.trace(inputs)
@@ -239,8 +258,14 @@ class Plan:
         for index, value in zip(self.inputs, inputs):
             values[index] = value
         native_type, coerce = self.engine._native_type, self.engine.backend.coerce
+        kernel = fetch = None
         try:
-            for kernel, fetch, store, ended, failing in self.steps:  # noqa: B007 (read if the kernel fails)
+            for item in self._program:
+                if type(item) is list:  # steps that write in place: nothing to store, nothing let go
+                    for kernel, fetch in item:
+                        kernel(*fetch(values))
+                    continue
+                kernel, fetch, store, ended, _ = item
                 out = kernel(*fetch(values))
                 if store is not None:
                     if type(store) is int:
@@ -254,6 +279,27 @@ class Plan:
         except EmberError:
             raise
         except Exception as error:
-            op, inputs_of = failing
+            # the failing step is one with the kernel and the getter the loop holds: steps that share both run one
+            # kernel on the same slots, and name the same op and inputs
+            op, inputs_of = next(step[4] for step in self.steps if step[0] is kernel and step[1] is fetch)
             raise _translate(error, op.name, inputs_of(values)) from error
         return values
+
+
+def _program(steps: list) -> list:
+    """The steps as :meth:`Plan.trace` runs them: each run of consecutive steps that write in place
+    and let nothing go becomes one list of ``(kernel, fetch)`` pairs, for a loop with nothing else
+    to check (a chain of elementwise ops is one such list)."""
+    program: list = []
+    pairs: dict = {}  # one tuple per (kernel, getter): a long run is a list of a few objects
+    for step in steps:
+        kernel, fetch, store, ended, _ = step
+        if store is not None or ended:
+            program.append(step)
+            continue
+        pair = pairs.setdefault((kernel, fetch), (kernel, fetch))
+        if program and type(program[-1]) is list:
+            program[-1].append(pair)
+        else:
+            program.append([pair])
+    return program
