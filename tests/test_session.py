@@ -491,6 +491,21 @@ def test_single_ops_take_literals_anywhere_unknown_references_fail_and_id_0_is_a
         ("error", 8, "ExecutionError", "unknown tensor id (1,) (dropped, or from another session)")]
 
 
+def test_a_peer_keeps_literals_converted_and_tells_zeros_and_dtypes_apart():
+    session = _open(_host())
+    host = np.array([1.5, -2.0, 0.0])
+    literals = ((2.5, "float64"), (2.5, "float64"), (-0.0, "float64"), (0.0, "float64"), (3, "int64"), (True, "bool"))
+    _batch(session, ("put", 1, 0), *(("op", "multiply", (1, ref), (10 + i,), {}) for i, ref in enumerate(literals)),
+           segments=[host])
+    for i, (value, _) in enumerate(literals):
+        (_, (out,)), = _batch(session, ("get", 20 + i, 10 + i))
+        expected = host * value
+        assert out.dtype == expected.dtype and np.array_equal(np.signbit(out), np.signbit(expected)), value
+        np.testing.assert_array_equal(out, expected)
+    # each kept once, as 0-d arrays of their dtypes; zeros never (0.0 and -0.0 are one key)
+    assert set(session.engine._literals) == {(2.5, dt.float64), (3, dt.int64), (True, dt.bool_)}
+
+
 def test_a_failure_written_over_a_tensor_takes_its_place_and_its_bytes():
     session = _open(_host())
     _batch(session, ("put", 1, 0), ("op", "negative", (1,), (2,), {}), segments=[np.ones(4)])

@@ -416,9 +416,10 @@ class Session:
                     handles.append(value)
                     metas.append(known[ref])
                     continue
-            if type(ref) is tuple:  # a literal: (value, dtype name)
-                metas.append(literal_meta(name, ref))
-                handles.append(ref[0])
+            if type(ref) is tuple:  # a literal: (value, dtype name), in the form the engine's kernels take fastest
+                meta = literal_meta(name, ref)
+                metas.append(meta)
+                handles.append(self.engine.literal(ref[0], meta.dtype))
                 continue
             # here the reference names no live tensor: a failure upstream, one being fetched, or nothing at all
             value = tensors.get(ref) if type(ref) is int else None
