@@ -61,6 +61,27 @@ def test_a_chain_and_one_read_cost_one_round_trip(remote):
     np.testing.assert_allclose(result, chain(np, host, 1000), rtol=1e-6)
 
 
+def test_a_loop_sends_the_same_runs_of_ops_and_the_peer_replays_them_compiled(remote):
+    host = np.linspace(0, 1, 1000, dtype=np.float32)
+    x = em.asarray(host, device=remote)
+    engine = remote.engine
+    before = engine.peer_stats()["session_runs_replayed"]
+    sent = []
+    original = engine.connection.send
+    engine.connection.send = lambda buffers: sent.append(b"".join(map(bytes, buffers))) or original(buffers)
+    try:
+        for _ in range(3):  # 16 runs of 64 ops each time (a batch is 64 ops), the first a run of 64 as well
+            np.testing.assert_allclose(em.asnumpy(chain(em, x, 1000)), chain(np, host, 1000), rtol=1e-6)
+    finally:
+        engine.connection.send = original
+    assert engine.peer_stats()["session_runs_replayed"] - before >= 15  # the third time: all of them
+    if remote.scheme == "ember":  # plain frames on TCP (a WebSocket wraps them)
+        reader = wire.FrameReader(wire.Limits())
+        runs = [m for frame in sent for decoded in reader.feed(frame) for m in decoded.header["m"] if m[0] == "ops"]
+        assert len(runs) >= 48 and len({m[3] for m in runs}) <= 2  # the same bytes, at other ids
+        assert len({m[1] for m in runs}) == len(runs)
+
+
 def test_reads_of_every_kind(remote):
     x = em.asarray([[1.5, -2.0], [3.0, 4.0]], device=remote)
     assert float(x[0, 0]) == 1.5 and int(em.asarray(3, device=remote)) == 3 and bool(x[1, 1] > 0)

@@ -8,6 +8,9 @@ a session that survived hostile messages still computes correctly.
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -77,7 +80,7 @@ def test_a_session_computes_reads_and_reports_deferred_errors():
     assert _replies(_batch(session, ("shape", 11, (3,)))) == [("shapes", 11, ((2, 3),))]
 
 
-MESSAGE_NAMES = st.sampled_from(["op", "put", "get", "shape", "sync", "drop", "stats", "graph", "run", "forget", "bogus"])
+MESSAGE_NAMES = st.sampled_from(["op", "ops", "put", "get", "shape", "sync", "drop", "stats", "graph", "run", "forget", "bogus"])
 LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**63), st.floats(allow_nan=True), st.text(max_size=8),
                    st.binary(max_size=8), st.sampled_from(["float64", "add", "matmul", "sum", "int8"]))
 VALUES = st.recursive(LEAVES, lambda inner: st.one_of(st.tuples(inner, inner), st.tuples(inner, inner, inner),
@@ -137,7 +140,8 @@ def test_the_info_reply_describes_the_host_and_each_session_is_new():
     assert info["session"] == first.id and again["peer"] == info["peer"] == host.identity != info["session"]  # one peer
     assert first.pool is pool and first.registry is host.registry
     assert _replies(_batch(first, ("stats", 1))) == [("stats", 1, {"session_tensors": 0, "session_bytes": 0, "session_ops": 0,
-                                                                   "sessions": 2, "live_tensors": 0})]
+                                                                   "session_runs_replayed": 0, "sessions": 2,
+                                                                   "live_tensors": 0})]
 
 
 @pytest.mark.parametrize("header, kind, reason", [
@@ -221,7 +225,7 @@ def test_a_registered_graph_runs_with_its_constants_and_counts_its_ops():
     ((header, (y,)),) = replies
     np.testing.assert_array_equal(y, np.linalg.inv(a) + [1.0, 2.0])
     assert header["m"][1] == ("stats", 5, {"session_tensors": 3, "session_bytes": 3 * 32, "session_ops": 4,
-                                           "sessions": 1, "live_tensors": 3})
+                                           "session_runs_replayed": 0, "sessions": 1, "live_tensors": 3})
     assert session.metas[4] == session.metas[2] and np.array_equal(session.tensors[4], y)
     # a kernel that fails inside a run poisons the run's outputs only, reported once
     assert _batch(session, ("put", 5, 0), ("run", 7, (5,), (6,)), segments=[np.zeros((2, 2))]) == []
@@ -377,6 +381,10 @@ def test_a_peer_on_a_backend_that_holds_a_dtype_without_computing_on_it_refuses_
                            ("error", 3, "NotSupportedError", refusal.format("sum")),
                            ("error", 4, "NotSupportedError", refusal.format("unstack"))]
     assert cast.tolist() == [0, 7] and cast.dtype == np.int64
+    for base in (10, 20, 30):  # as a run seen three times: never compiled past the op path's check
+        _batch(session, ("ops", base, (1,), wire.pack([("add", (-1, -1), (0,), {})])))
+        assert _replies(_batch(session, ("get", 5, base))) == [("error", 5, "NotSupportedError", refusal.format("add"))]
+    assert session.runs_replayed == 0
 
 
 def test_defaults_fill_missing_attributes_and_data_dependent_shapes_are_read_on_demand():
@@ -504,6 +512,178 @@ def test_a_peer_keeps_literals_converted_and_tells_zeros_and_dtypes_apart():
         np.testing.assert_array_equal(out, expected)
     # each kept once, as 0-d arrays of their dtypes; zeros never (0.0 and -0.0 are one key)
     assert set(session.engine._literals) == {(2.5, dt.float64), (3, dt.int64), (True, dt.bool_)}
+
+
+def _run(base: int, inputs: tuple, *records) -> tuple:
+    """An ``ops`` message as the client builds it (remote/runs.py)."""
+    return ("ops", base, inputs, wire.pack(list(records)))
+
+
+# a run as a loop sends it: ids relative to its first output, the array made before it its input -1
+CHAIN = [("multiply", (-1, (1.5, "float64")), (0,), {}), ("sin", (0,), (1,), {}),
+         ("add", (1, -1), (2,), {}), ("sum", (2,), (3,), {"axis": None, "keepdims": False, "dtype": None})]
+
+
+def _chain(x):
+    y = np.sin(x * 1.5) + x
+    return [x * 1.5, np.sin(x * 1.5), y, y.sum()]
+
+
+def test_a_run_seen_twice_is_compiled_then_replayed_with_the_op_paths_results():
+    session = _open(_host())
+    x = np.arange(4.0)
+    _batch(session, ("put", 1, 0), segments=[x])
+    for sighting, base in enumerate((10, 20, 30, 40)):
+        _batch(session, _run(base, (1,), *CHAIN))
+        assert type(session.runs[wire.pack(list(CHAIN))]).__name__ == ("int" if sighting == 0 else "RunPlan")
+        assert session.runs_replayed == max(0, sighting - 1)
+        for k, expected in enumerate(_chain(x)):
+            (_, (out,)), = _batch(session, ("get", 100 + k, base + k))
+            np.testing.assert_array_equal(out, expected)
+            assert session.metas[base + k] == session.metas[10 + k] and session.sizes[base + k] == out.nbytes
+    assert session.ops == 16 and _replies(_batch(session, ("sync", 1))) == [("ok", 1)]
+    # another input of the same shape and dtype: the plan; of another shape: op by op, the same results
+    _batch(session, ("put", 2, 0), ("put", 3, 1), segments=[x + 1, np.arange(6.0)])
+    for base, tid, host in ((50, 2, x + 1), (60, 3, np.arange(6.0))):
+        _batch(session, _run(base, (tid,), *CHAIN))
+        for k, expected in enumerate(_chain(host)):
+            (_, (out,)), = _batch(session, ("get", 200 + k, base + k))
+            np.testing.assert_array_equal(out, expected)
+            assert session.metas[base + k].shape == out.shape and session.sizes[base + k] == out.nbytes
+    assert session.runs_replayed == 3
+    # outputs over tensors in use: op by op, each old tensor's bytes given back
+    _batch(session, _run(40, (1,), *CHAIN))
+    assert session.runs_replayed == 3 and session.used == session.live_bytes()
+    # an output below 0: refused at every sighting, as the op path refuses it
+    below = [("negative", (-1,), (-2,), {})]
+    for base in (100, 110):
+        _batch(session, _run(base, (1,), *below))
+    with pytest.raises(ProtocolError, match="tensor ids are non-negative integers, got -1"):
+        _batch(session, _run(1, (1,), *below))
+    # a tensor read, dropped and written again by a replay in one frame: the second read is the new value
+    _batch(session, ("op", "negative", (1,), (300,), {}))
+    (_, (first, again)), = _batch(session, ("get", 1, 300), ("drop", (300,)), _run(300, (2,), *CHAIN), ("get", 2, 300))
+    np.testing.assert_array_equal(first, -x)
+    np.testing.assert_array_equal(again, (x + 1) * 1.5)
+    assert session.runs_replayed == 3  # op by op: the frame had sent tensor 300 already
+    _batch(session, _run(400, (2,), *CHAIN))
+    assert session.runs_replayed == 4
+    with pytest.raises(ProtocolError, match="tensor ids are non-negative integers, got -5"):  # as op by op
+        _batch(session, _run(-5, (1,), *CHAIN))
+
+
+@pytest.mark.parametrize("spoil, kind, message", [
+    # the input failed: every output carries its failure, as ops reading it would
+    (lambda s: _batch(s, ("op", "divide", (1, 1), (1,), {"bogus": 1})), "ProtocolError", "divide: unknown attribute 'bogus'"),
+    # dropped: unknown
+    (lambda s: _batch(s, ("drop", (1,))), "ExecutionError", "multiply: unknown tensor id 1 (dropped, or from another session)"),
+    # no room for the outputs: the op that does not fit is refused
+    (lambda s: setattr(s, "limits", replace(s.limits, max_session_bytes=s.used + 40)), "ResourceLimitError",
+     "sin: 32 more bytes would exceed this session's quota"),
+])
+def test_a_run_whose_plan_does_not_fit_runs_op_by_op_with_its_errors(spoil, kind, message):
+    session = _open(_host(Limits(max_tensor_bytes=1 << 16, max_session_bytes=1 << 20)))
+    _batch(session, ("put", 1, 0), segments=[np.arange(4.0)])
+    for base in (10, 20):
+        _batch(session, _run(base, (1,), *CHAIN))
+    spoil(session)
+    _batch(session, _run(30, (1,), *CHAIN))
+    assert session.runs_replayed == 0
+    (reply,) = _replies(_batch(session, ("get", 7, 33)))
+    assert reply[:3] == ("error", 7, kind) and reply[3].startswith(message), reply
+    assert session.live_bytes() == sum(session.sizes.values()) and session.used >= session.live_bytes()
+
+
+def test_a_kernel_failing_inside_a_plan_leaves_nothing_and_the_op_path_reports_it():
+    session = _open(_host())
+    inverse = [("inv", (-1,), (0,), {}), ("add", (0, (1.0, "float64")), (1,), {})]
+    _batch(session, ("put", 1, 0), ("put", 2, 1), segments=[np.eye(2) * 2, np.zeros((2, 2))])
+    for base in (10, 20):
+        _batch(session, _run(base, (1,), *inverse))
+    used = session.used
+    _batch(session, _run(30, (2,), *inverse))  # singular: the plan raises, the ops then run one by one
+    assert session.runs_replayed == 0 and 30 in session.tensors and 31 in session.tensors
+    assert _replies(_batch(session, ("sync", 1)))[0][2:] == ("ExecutionError", "inv: Singular matrix (inputs: (2, 2) float64)")
+    assert session.used == used  # the outputs failed: nothing counted for them
+    _batch(session, _run(40, (1,), *inverse))
+    (_, (out,)), = _batch(session, ("get", 2, 41))
+    np.testing.assert_array_equal(out, np.linalg.inv(np.eye(2) * 2) + 1)
+    assert session.runs_replayed == 1
+
+
+def test_runs_the_plan_cannot_take_are_never_compiled_and_sightings_are_bounded(monkeypatch):
+    from ember.remote import runs
+    session = _open(_host())
+    _batch(session, ("put", 1, 0), segments=[np.arange(4.0)])
+    several = [("unique_counts", (-1,), (0, 1), {})]   # two outputs, data-dependent sizes
+    for base in (10, 20, 30):
+        _batch(session, _run(base, (1,), *several))
+    assert session.runs[wire.pack(several)] is runs.NOT_COMPILED and session.runs_replayed == 0
+    (_, (values, counts)), = _batch(session, ("get", 1, 30), ("get", 2, 31))
+    np.testing.assert_array_equal(values, np.arange(4.0))
+    for records, inputs, segments in (
+            ([("unique_values", (-1,), (0,), {})], (1,), []),  # a data-dependent size
+            ([("conv2d", (-1, -2), (0,), {})], (2, 3), [np.ones((1, 1, 4, 4)), np.ones((1, 1, 3, 3))]),  # scratch
+            ([("matmul", (-1, -2), (0,), {})], (4, 5), [np.ones((100, 1)), np.ones((1, 100))])):  # over the tensor limit
+        _batch(session, *(("put", tid, k) for k, tid in enumerate(inputs[:len(segments)])), segments=segments)
+        for base in (40, 50, 60):
+            _batch(session, _run(base, inputs, *records))
+        assert session.runs[wire.pack(records)] is runs.NOT_COMPILED and session.runs_replayed == 0
+    (reply,) = _replies(_batch(session, ("get", 3, 60)))
+    assert reply[2:] == ("ResourceLimitError", "matmul: an output of shape (100, 100) float64 exceeds the peer's "
+                                               "tensor limit of 65536 bytes")
+    monkeypatch.setattr(runs, "KEPT_RUNS", 3)
+    monkeypatch.setattr("ember.remote.session.KEPT_RUNS", 3)
+    for k in range(5):
+        _batch(session, _run(100 + 10 * k, (1,), ("multiply", (-1, (float(k + 2), "float64")), (0,), {})))
+        assert 1 <= len(session.runs) <= 3
+
+
+@pytest.mark.parametrize("message, refusal", [
+    (("ops", "10", (1,), wire.pack([])), "an ops message is (base, inputs, records)"),
+    (("ops", 10, [1], wire.pack([])), "an ops message is (base, inputs, records)"),
+    (("ops", 10, (1,), "not bytes"), "records must be msgpack bytes"),
+    (("ops", 10, (1,), b"\xc1"), "malformed header"),
+    (("ops", 10, (1,), wire.pack([("sin", (0,), (1,))])), "a run's records are (name, inputs, outputs, attrs)"),
+    (("ops", 10, (1,), wire.pack([("sin", (-2,), (0,), {})])), "a run's input -2 is beyond its 1 inputs"),
+    (("ops", 10), "malformed 'ops' message"),
+])
+def test_a_malformed_run_is_refused_naming_what_is_wrong(message, refusal):
+    session = _open(_host())
+    _batch(session, ("put", 1, 0), segments=[np.arange(4.0)])
+    with pytest.raises(ProtocolError, match=re.escape(refusal)):
+        _batch(session, message)
+
+
+REFS = st.one_of(st.integers(-3, 5), st.just((1.5, "float64")), VALUES)
+RECORDS = st.tuples(st.sampled_from(["add", "sin", "multiply", "sum", "inv", "unique_counts", "bogus", 3]),
+                    st.one_of(st.lists(REFS, max_size=3).map(tuple), VALUES),
+                    st.one_of(st.lists(st.integers(-2, 5), max_size=2).map(tuple), VALUES),
+                    st.one_of(st.just({}), VALUES))
+
+
+@given(records=st.lists(st.one_of(RECORDS, VALUES), max_size=4), base=st.one_of(st.integers(-5, 2000), VALUES),
+       inputs=st.one_of(st.lists(st.sampled_from([1000, 1001, 7]), max_size=3).map(tuple), VALUES))
+def test_hostile_runs_are_run_or_refused_at_each_sighting_and_the_session_still_computes(records, base, inputs):
+    session = _open(_host())
+    kept = np.arange(3.0)
+    _batch(session, ("put", 1000, 0), ("put", 1001, 1), segments=[kept, np.eye(3)])
+    try:
+        blob = wire.pack(records)
+    except ProtocolError:
+        return
+    for _ in range(3):  # seen, compiled, replayed: each may be refused, none may raise anything else
+        try:
+            for header, segments in _batch(session, ("ops", base, inputs, blob), ("sync", 1)):
+                assert header["t"] == "reply"
+                wire.encode_frame(header, segments)
+        except ProtocolError:
+            pass
+        assert session.used >= session.live_bytes() >= 0
+    value = session.tensors.get(1000)
+    if type(value) is np.ndarray:  # whatever the runs wrote over, fresh work on a live tensor is right
+        (_, out), = _batch(session, ("op", "add", (1000, (1.0, "float64")), (5000,), {}), ("get", 1, 5000))
+        np.testing.assert_array_equal(out[0], value + 1)
 
 
 def test_a_failure_written_over_a_tensor_takes_its_place_and_its_bytes():

@@ -97,7 +97,12 @@ class LocalEngine(Engine):
     def native(self, handle):
         return handle
 
-    def compile(self, ops, input_ids, constants: dict, output_ids, metas: dict | None = None) -> Plan:
+    @property
+    def computes_every_dtype(self) -> bool:
+        """Whether the backend computes on every dtype (else ops check theirs before running)."""
+        return self._all_dtypes
+
+    def compile(self, ops, input_ids, constants: dict, output_ids, metas: dict | None = None, native: bool = True) -> Plan:
         """A plan running ``ops`` — ``(row, refs, output ids, attrs)`` records whose refs are node
         ids or ``(value, dtype name)`` literals — straight through the kernel table: the records
         were validated once, so a replay pays only for the kernels.
@@ -114,8 +119,9 @@ class LocalEngine(Engine):
         the literals of such rows are converted once (:meth:`Backend.literal`). A chain then
         runs in one buffer, with no fresh memory per op, under the kernel's casting rules.
 
-        A backend with a compiler of its own compiles the plan (:meth:`Backend.compiled`): JAX hands
-        it to ``jax.jit``, per input shapes and dtypes, so a graph runs as one XLA program."""
+        A backend with a compiler of its own compiles the plan (:meth:`Backend.compiled`) unless
+        ``native`` is False: JAX hands it to ``jax.jit``, per input shapes and dtypes, so a graph
+        runs as one XLA program."""
         slots: dict = {}
 
         def slot(key) -> int:
@@ -187,7 +193,7 @@ class LocalEngine(Engine):
             ending += [o for o in outs if o not in last and o not in kept]
             steps.append((kernel, fetch, store, tuple(slots[n] for n in ending), (op, getter(args))))
         plan = Plan(self, steps, len(slots), preset, inputs, [slots[o] for o in output_ids])
-        return backend.compiled(plan) or plan
+        return (native and backend.compiled(plan)) or plan
 
     def run_graph(self, graph, inputs: list) -> list:
         plan = self._plans.get(graph)

@@ -126,6 +126,8 @@ class RemoteEngine(Engine):
         self._ids = itertools.count(1)
         self._rids = itertools.count(1)
         self._pending: list = []
+        self._run: list | None = None  # the run of ops the batch ends with, while it does (apply)
+        self._extra = 0  # ops in the batch beyond one per message (a run holds many)
         self._segments: list = []
         self._drops: deque = deque()
         self._drops_graph: deque = deque()
@@ -156,17 +158,38 @@ class RemoteEngine(Engine):
         return outs, metas
 
     def apply(self, op, inputs, in_metas, attrs, meta):
-        refs = self._refs(op, inputs, in_metas)  # refused before an id is taken
-        out = _new_handle(RemoteHandle)
-        out.engine, out.id = self, next(self._ids)
-        message = ("op", op.name, refs, (out.id,), attrs)
-        with self._lock:
-            self._enqueue(message, meta.nbytes)
+        """Add the op to the batch's current run of one-output ops (``("ops", base, inputs, records)``,
+        remote/runs.py), or start one: a run's records name tensors relative to it, so a loop sends
+        the same bytes each time and the peer replays what it compiled of them."""
+        with self._lock:  # the run, its relative ids and the batch change together
+            if self._drops and self._made_bytes >= DROP_BYTES:
+                self._queue_drops()  # the drops go ahead of this op (and end the run)
+            pending, run = self._pending, self._run
+            tid = next(self._ids)
+            if not pending or pending[-1] is not run:
+                run = ["ops", tid, [], {}]  # base, records, the inputs made before it (id -> position)
+            refs = self._refs(op, inputs, in_metas, run)  # refused before the op joins the batch
+            run[2].append((op.name, refs, (tid - run[1],), attrs))
+            if run is not self._run:
+                self._run = run
+                pending.append(run)
+            else:
+                self._extra += 1  # a message of the batch holding more than one op
+            out = _new_handle(RemoteHandle)
+            out.engine, out.id = self, tid
+            self._made_bytes += meta.nbytes
+            n = len(pending) + self._extra
+            if n == 1:
+                self._first_pending = _clock()
+            elif n >= BATCH_OPS or (n & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
+                self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
         return out
 
-    def _refs(self, op, inputs: tuple, in_metas: tuple) -> tuple:
+    def _refs(self, op, inputs: tuple, in_metas: tuple, run: list | None = None) -> tuple:
         """How an op message names ``inputs``: this session's tensor ids, and ``(value, dtype
-        name)`` for literals (ops/records.py)."""
+        name)`` for literals (ops/records.py). In a ``run``, an id is relative: ``id - base`` for a
+        tensor made since the run began, ``-1 - position`` for one made before (its position in
+        the run's inputs)."""
         if self.lost is not None:
             raise self.lost
         refs = []
@@ -177,7 +200,17 @@ class RemoteEngine(Engine):
                         raise DeviceError(f"{op.name}: an input lives in another session ({value.engine.device}); "
                                           f"move it with x.to_device({str(self.device)!r})")
                     raise lost_session(op.name, "an input", value.engine)
-                refs.append(value.id)
+                tid = value.id
+                if run is not None:
+                    if tid >= run[1]:
+                        tid -= run[1]
+                    else:
+                        before = run[3]
+                        position = before.get(tid)
+                        if position is None:
+                            position = before[tid] = len(before)
+                        tid = -1 - position
+                refs.append(tid)
             else:
                 refs.append((value, meta.dtype.name))
         return tuple(refs)
@@ -355,8 +388,17 @@ class RemoteEngine(Engine):
     def _send_pending(self) -> None:
         messages, self._pending = self._pending, []
         segments, self._segments = self._segments, []
-        self._pending_bytes = 0
-        self.counters["ops"] += sum(1 for m in messages if m[0] == "op")
+        self._pending_bytes = self._extra = 0
+        self._run = None
+        ops = 0
+        for i, message in enumerate(messages):
+            if message[0] == "ops":  # a run: its records as msgpack bytes, the key the peer knows it by
+                _, base, records, before = message
+                messages[i] = ("ops", base, tuple(before), wire.pack(records))
+                ops += len(records)
+            elif message[0] == "op":
+                ops += 1
+        self.counters["ops"] += ops
         self._send({"t": "batch", "m": tuple(messages)}, segments)
 
     def _send(self, header: dict, segments: list) -> None:

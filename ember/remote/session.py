@@ -32,6 +32,7 @@ from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
 from .access import single_token
+from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, RunPlan, absolute, records_of
 from .transfers import CAPABILITY_BYTES, FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Outcome, Transfers
 
 log = logging.getLogger("ember.serve")
@@ -233,6 +234,8 @@ class Session:
         self.unreported: list[Poison] = []      # failures since the last sync
         self.graphs: dict[int, tuple] = {}      # registered graphs, by number
         self.ops = 0
+        self.runs: dict[bytes, object] = {}  # a run's blob -> sightings, its RunPlan, or NOT_COMPILED (runs.py)
+        self.runs_replayed = 0
         # what the peer's status page and /metrics show (ember/remote/status.py reads them, from another thread)
         self.client = self.address = self.device = ""
         self.opened = time.time()
@@ -258,6 +261,7 @@ class Session:
         self.metas.clear()
         self.sizes.clear()
         self.graphs.clear()
+        self.runs.clear()
         self.budget.give(self.used + self.credit)
         self.used = self.credit = self.replying = self.granted = 0
         self.ended.clear()
@@ -473,6 +477,26 @@ class Session:
         else:
             self._keep(outputs, (value,) if simple else values, out_metas, need, not simple)
 
+    def _ops(self, body, frame_segments, replies, segments) -> None:
+        """A run of one-output ops, its tensor ids relative (runs.py): replayed from its plan when the
+        session has one that fits, else op by op — and compiled at its second sighting."""
+        base, inputs, blob = body
+        if type(base) is not int or type(inputs) is not tuple:
+            raise ProtocolError("an ops message is (base, inputs, records)")
+        known = self.runs.get(blob) if type(blob) is bytes else None
+        if type(known) is RunPlan and known.replay(self, base, inputs):
+            return
+        records = records_of(blob)
+        run_op = self._op
+        for message in absolute(records, base, inputs):
+            run_op(message)
+        if known is None and len(blob) <= KEPT_BLOB_BYTES:
+            if len(self.runs) >= KEPT_RUNS:
+                self.runs.clear()
+            self.runs[blob] = 1
+        elif type(known) is int:  # the second sighting
+            self.runs[blob] = RunPlan.compile(self, records, base, inputs)
+
     def _keep(self, outputs: tuple, values, out_metas: tuple, reserved: int, partly: bool = True) -> None:
         """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs (all
         of them unless ``partly``: the outputs' sizes were all the reservation)."""
@@ -614,7 +638,8 @@ class Session:
 
     def _stats(self, body, frame_segments, replies, segments) -> None:
         (rid,) = body
-        stats = {"session_tensors": len(self.tensors), "session_bytes": self.live_bytes(), "session_ops": self.ops}
+        stats = {"session_tensors": len(self.tensors), "session_bytes": self.live_bytes(), "session_ops": self.ops,
+                 "session_runs_replayed": self.runs_replayed}
         if self.registry is not None:
             stats.update(self.registry.stats())
         replies.append(("stats", rid, stats))
@@ -801,7 +826,7 @@ class Session:
     # "op" messages of the right length go straight to _op; this entry sees malformed ones
     _HANDLERS = {"op": lambda self, body, *_: self._op(("op", *body)), "put": _put, "get": _get, "shape": _shape,
                  "sync": _sync, "drop": _drop, "stats": _stats, "graph": _graph, "run": _run, "forget": _forget,
-                 "grant": _grant, "fetch": _fetch}
+                 "grant": _grant, "fetch": _fetch, "ops": _ops}
 
 
 class Registry:

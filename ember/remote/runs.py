@@ -1,0 +1,139 @@
+"""Runs of ops a peer has seen before, replayed as compiled plans.
+
+A client sends each run of consecutive one-output ops as one ``("ops", base, inputs, blob)``
+message. ``blob`` is the msgpack of the run's ``(name, inputs, outputs, attrs)`` records, whose
+tensor ids are relative: ``r >= 0`` is tensor ``base + r`` (the run's first output is ``base``),
+``r < 0`` is tensor ``inputs[-1 - r]`` (an array made before the run). So a loop that repeats a
+computation sends the same blob every time, and the peer keys what it learnt of a run by those
+bytes. At a blob's second sighting the peer compiles its records, against the metas their inputs
+have then, into a local engine plan (rules checked once, literals converted once, kernels called
+straight); later sightings whose inputs still have those metas replay it. Anything the plan cannot
+vouch for — an input missing, failed or of another meta, an output id in use, no room in the
+budget, a kernel raising — runs op by op instead, as the first sighting did, so errors, poisons
+and accounting are the op path's own: a plan stores nothing until every kernel has run.
+"""
+
+from __future__ import annotations
+
+from ..errors import EmberError, ProtocolError
+from ..ops.records import check_records
+from ..wire import protocol as wire
+
+KEPT_RUNS = 64           # blobs a session remembers (seen once, or compiled); past that it starts again
+KEPT_BLOB_BYTES = 16 << 10  # a longer blob is run op by op every time (a 64-op chain's is about 1.5 KiB)
+NOT_COMPILED = False      # what a session remembers of a run it cannot compile
+
+
+def records_of(blob) -> tuple:
+    """The records of a run's blob; ProtocolError if it is not a list of 4-item records."""
+    if type(blob) is not bytes:
+        raise ProtocolError("an ops message is (base, inputs, records): records must be msgpack bytes")
+    records = wire.unpack(blob)
+    if type(records) is not tuple or any(type(r) is not tuple or len(r) != 4 for r in records):
+        raise ProtocolError(f"a run's records are (name, inputs, outputs, attrs), got {records!r:.60}")
+    return records
+
+
+def absolute(records: tuple, base: int, inputs: tuple):
+    """Each record as an ``("op", …)`` message with the tensor ids it names (what the op path runs)."""
+    def tensor(ref):
+        if type(ref) is not int:
+            return ref  # a literal, or a malformed reference the op path refuses
+        if ref >= 0:
+            return base + ref
+        if -ref > len(inputs):
+            raise ProtocolError(f"a run's input {ref} is beyond its {len(inputs)} inputs")
+        return inputs[-1 - ref]
+    for name, refs, outs, attrs in records:
+        yield ("op", name, tuple(map(tensor, refs)) if type(refs) is tuple else refs,
+               tuple(base + o if type(o) is int else o for o in outs) if type(outs) is tuple else outs, attrs)
+
+
+class RunPlan:
+    """A run compiled for the metas its inputs had: ``replay`` runs it, or says it cannot."""
+
+    __slots__ = ("plan", "inputs", "outputs", "metas", "sizes", "need")
+
+    def __init__(self, plan, inputs: list, outputs: list, metas: list):
+        self.plan = plan
+        self.inputs = inputs    # (relative reference, the meta it had) per input of the plan, in its order
+        self.outputs = outputs  # relative output ids, in the plan's order
+        self.metas = metas
+        self.sizes = [meta.nbytes for meta in metas]
+        self.need = sum(self.sizes)
+
+    @classmethod
+    def compile(cls, session, records: tuple, base: int, inputs: tuple) -> RunPlan | bool:
+        """The plan of ``records`` as the session's tensors stand (run once already), or NOT_COMPILED
+        where a record is one the plan does not take: several outputs, a data-dependent size,
+        kernel scratch, an output over the tensor limit, an input that failed."""
+        made: set = set()
+        known: dict = {}  # relative reference -> meta, of every input
+        for _, refs, outs, _ in records:
+            for ref in refs if type(refs) is tuple else ():
+                if type(ref) is int and ref not in made and ref not in known:
+                    tid = base + ref if ref >= 0 else inputs[-1 - ref] if -ref <= len(inputs) else None
+                    meta = session.metas.get(tid) if type(tid) is int else None
+                    if meta is None:  # unknown, failed, or being fetched
+                        return NOT_COMPILED
+                    known[ref] = meta
+            made.update(o for o in outs if type(o) is int) if type(outs) is tuple else None
+        input_metas = dict(known)
+        try:
+            checked = check_records(records, known)
+        except (EmberError, TypeError, ValueError):  # the op path says what is wrong with it
+            return NOT_COMPILED
+        limit = session.limits.max_tensor_bytes
+        for row, _, _, _, _, out_metas in checked:
+            if row.multiple or row.data_dependent or row.scratch is not None or out_metas[0].nbytes > limit:
+                return NOT_COMPILED
+        outputs = [outs[0] for _, _, outs, _, _, _ in checked]
+        if min(outputs, default=0) < 0:
+            return NOT_COMPILED
+        ops = [(row, refs, outs, attrs) for row, refs, outs, attrs, _, _ in checked]
+        engine = session.engine
+        if not engine.computes_every_dtype:  # its op path checks each op's dtypes; a plan would not
+            return NOT_COMPILED
+        try:
+            plan = engine.compile(ops, list(input_metas), {}, outputs, known, native=False)
+        except EmberError:  # a row without a kernel here: the op path refuses it by name
+            return NOT_COMPILED
+        return cls(plan, list(input_metas.items()), outputs, [known[o] for o in outputs])
+
+    def replay(self, session, base: int, inputs: tuple) -> bool:
+        """Run the plan on the session's tensors and keep its outputs, or leave everything as it was
+        and answer False: the caller then runs the records op by op."""
+        tensors, metas, sizes = session.tensors, session.metas, session.sizes
+        if session._sent or base < 0:
+            return False
+        values = []
+        for ref, meta in self.inputs:
+            if ref >= 0:
+                tid = base + ref
+            elif -ref <= len(inputs):
+                tid = inputs[-1 - ref]
+            else:
+                return False
+            value = tensors.get(tid) if type(tid) is int else None
+            if value is None or metas.get(tid) != meta:  # missing, failed (no meta), or another shape or dtype
+                return False
+            values.append(value)
+        ids = [base + o for o in self.outputs]
+        for tid in ids:
+            if tid in sizes:  # in use, or being fetched: the op path writes over it
+                return False
+        need = self.need
+        if session._reserve(need) is not None:  # no room: the op path refuses the op that does not fit
+            return False
+        try:
+            results = self.plan.run(values)
+        except Exception:
+            session._give(need)
+            return False
+        for tid, value, meta, size in zip(ids, results, self.metas, self.sizes):
+            tensors[tid] = value
+            metas[tid] = meta
+            sizes[tid] = size
+        session.ops += len(ids)
+        session.runs_replayed += 1
+        return True
