@@ -62,6 +62,15 @@ class RemoteHandle:
 
 _new_handle = object.__new__
 
+_NBYTES: dict = {}  # Meta -> its bytes: the property's product, once per shape and dtype (apply's hot path)
+
+
+def _nbytes(meta: Meta) -> int:
+    if len(_NBYTES) >= 4096:
+        _NBYTES.clear()
+    nbytes = _NBYTES[meta] = meta.nbytes
+    return nbytes
+
 
 class DownloadBuffers:
     """The memory downloads are received into, taken back for the next download of the same size
@@ -177,7 +186,10 @@ class RemoteEngine(Engine):
                 self._extra += 1  # a message of the batch holding more than one op
             out = _new_handle(RemoteHandle)
             out.engine, out.id = self, tid
-            self._made_bytes += meta.nbytes
+            made = _NBYTES.get(meta)
+            if made is None:
+                made = _nbytes(meta)
+            self._made_bytes += made
             n = len(pending) + self._extra
             if n == 1:
                 self._first_pending = _clock()
@@ -372,7 +384,13 @@ class RemoteEngine(Engine):
         drops = self._drops
         self._made_bytes = 0
         while drops:
-            self._pending.append(("drop", tuple(drops.popleft() for _ in range(min(len(drops), DROP_IDS)))))
+            if len(drops) <= DROP_IDS:  # most often: all of them at once (handles dropped meanwhile wait for the next)
+                ids = tuple(drops)
+                for _ in range(len(ids)):
+                    drops.popleft()
+            else:
+                ids = tuple(drops.popleft() for _ in range(DROP_IDS))
+            self._pending.append(("drop", ids))
             if len(drops) > 0:
                 self._send_pending()
         while self._drops_graph:
