@@ -41,12 +41,14 @@ def wait_limit(timeout: float | None, deadline: float | None) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
-SPIN_US = 50  # how long a wait for an expected frame polls before it sleeps, by default (EMBER_SPIN_US)
+# how long a wait for an expected frame polls before it sleeps, by default (EMBER_SPIN_US): Linux's own default for a
+# guest's halt polling (cpuidle-haltpoll's guest_halt_poll_ns), which a VM without it (guest_halt_poll_ns=0) lacks
+SPIN_US = 200
 
 
 def spin_window() -> float:
     """EMBER_SPIN_US: how long, in seconds, a wait for a frame expected soon polls before it
-    sleeps in the kernel (default 50 µs; 0 never polls). See :func:`spin_wait`."""
+    sleeps in the kernel (default 200 µs; 0 never polls). See :func:`spin_wait`."""
     text = os.environ.get("EMBER_SPIN_US", "")
     try:
         micros = float(text) if text.strip() else SPIN_US
