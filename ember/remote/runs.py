@@ -34,16 +34,22 @@ def records_of(blob) -> tuple:
     return records
 
 
+def _tensor(ref: int, base: int, inputs: tuple):
+    """The tensor id relative reference ``ref`` names, or None for an input beyond ``inputs``."""
+    if ref >= 0:
+        return base + ref
+    return inputs[-1 - ref] if -ref <= len(inputs) else None
+
+
 def absolute(records: tuple, base: int, inputs: tuple):
     """Each record as an ``("op", …)`` message with the tensor ids it names (what the op path runs)."""
     def tensor(ref):
         if type(ref) is not int:
             return ref  # a literal, or a malformed reference the op path refuses
-        if ref >= 0:
-            return base + ref
-        if -ref > len(inputs):
+        tid = _tensor(ref, base, inputs)
+        if tid is None:
             raise ProtocolError(f"a run's input {ref} is beyond its {len(inputs)} inputs")
-        return inputs[-1 - ref]
+        return tid
     for name, refs, outs, attrs in records:
         yield ("op", name, tuple(map(tensor, refs)) if type(refs) is tuple else refs,
                tuple(base + o if type(o) is int else o for o in outs) if type(outs) is tuple else outs, attrs)
@@ -70,14 +76,16 @@ class RunPlan:
         made: set = set()
         known: dict = {}  # relative reference -> meta, of every input
         for _, refs, outs, _ in records:
-            for ref in refs if type(refs) is tuple else ():
+            if type(refs) is not tuple or type(outs) is not tuple or any(type(o) is not int for o in outs):
+                return NOT_COMPILED  # the op path refuses these
+            for ref in refs:
                 if type(ref) is int and ref not in made and ref not in known:
-                    tid = base + ref if ref >= 0 else inputs[-1 - ref] if -ref <= len(inputs) else None
+                    tid = _tensor(ref, base, inputs)
                     meta = session.metas.get(tid) if type(tid) is int else None
                     if meta is None:  # unknown, failed, or being fetched
                         return NOT_COMPILED
                     known[ref] = meta
-            made.update(o for o in outs if type(o) is int) if type(outs) is tuple else None
+            made.update(outs)
         input_metas = dict(known)
         try:
             checked = check_records(records, known)
@@ -108,12 +116,7 @@ class RunPlan:
             return False
         values = []
         for ref, meta in self.inputs:
-            if ref >= 0:
-                tid = base + ref
-            elif -ref <= len(inputs):
-                tid = inputs[-1 - ref]
-            else:
-                return False
+            tid = _tensor(ref, base, inputs)
             value = tensors.get(tid) if type(tid) is int else None
             if value is None or metas.get(tid) != meta:  # missing, failed (no meta), or another shape or dtype
                 return False
