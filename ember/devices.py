@@ -57,7 +57,8 @@ class Device:
 
     def literal(self, value, dtype):
         """Python scalar ``value``, a literal of ``dtype`` beside an array, in the form this device's
-        engine takes it fastest (:meth:`Engine.literal`); the scalar itself for most engines."""
+        engine takes it fastest: the scalar itself, but on a local device what
+        :meth:`LocalEngine.literal` makes of it (the namespace asks before applying a binary op)."""
         return value
 
     @property

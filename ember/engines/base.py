@@ -35,12 +35,6 @@ class Engine:
         execution; engines override it to skip what such an op never needs."""
         return self.execute(op, inputs, in_metas, attrs, (meta,))[0][0]
 
-    def literal(self, value, dtype) -> Any:
-        """Python scalar ``value``, a literal of ``dtype`` beside an array, as :meth:`apply` takes it
-        fastest (the namespace asks before applying a binary op with a scalar): the scalar itself
-        unless the engine knows better."""
-        return value
-
     def upload(self, host: np.ndarray) -> Any:
         """A handle holding a copy (or a zero-copy view, locally) of host data."""
         raise NotImplementedError

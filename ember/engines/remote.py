@@ -187,14 +187,7 @@ class RemoteEngine(Engine):
             out = _new_handle(RemoteHandle)
             out.engine, out.id = self, tid
             made = _NBYTES.get(meta)
-            if made is None:
-                made = _nbytes(meta)
-            self._made_bytes += made
-            n = len(pending) + self._extra
-            if n == 1:
-                self._first_pending = _clock()
-            elif n >= BATCH_OPS or (n & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
-                self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
+            self._count(made if made is not None else _nbytes(meta))
         return out
 
     def _refs(self, op, inputs: tuple, in_metas: tuple, run: list | None = None) -> tuple:
@@ -233,12 +226,17 @@ class RemoteEngine(Engine):
         once it is full or old."""
         if self._drops and self._made_bytes >= DROP_BYTES:
             self._queue_drops()
-        pending = self._pending
-        pending.append(message)
+        self._pending.append(message)
+        self._count(made)
+
+    def _count(self, made: int) -> None:
+        """Count an op just added to the batch (the lock held), which makes ``made`` bytes; send the
+        batch once it is full or old."""
         self._made_bytes += made
-        if len(pending) == 1:
+        n = len(self._pending) + self._extra  # a run's ops each count
+        if n == 1:
             self._first_pending = _clock()
-        elif len(pending) >= BATCH_OPS or (len(pending) & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
+        elif n >= BATCH_OPS or (n & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
             self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
 
     def run_graph(self, graph, inputs: list) -> list:
