@@ -74,12 +74,27 @@ def test_a_loop_sends_the_same_runs_of_ops_and_the_peer_replays_them_compiled(re
             np.testing.assert_allclose(em.asnumpy(chain(em, x, 1000)), chain(np, host, 1000), rtol=1e-6)
     finally:
         engine.connection.send = original
-    assert engine.peer_stats()["session_runs_replayed"] - before >= 15  # the third time: all of them
+    stats = engine.peer_stats()
+    assert stats["session_runs_replayed"] - before >= 15  # the third time: all of them
+    assert stats["session_tensors"] == 1  # x: the chains' intermediates were let go, and never stored
     if remote.scheme == "ember":  # plain frames on TCP (a WebSocket wraps them)
         reader = wire.FrameReader(wire.Limits())
         runs = [m for frame in sent for decoded in reader.feed(frame) for m in decoded.header["m"] if m[0] == "ops"]
         assert len(runs) >= 48 and len({m[3] for m in runs}) <= 2  # the same bytes, at other ids
         assert len({m[1] for m in runs}) == len(runs)
+        records, let_go = wire.unpack(runs[0][3])
+        assert len(records) == 64 and let_go == tuple(range(62))  # the last two were still held when it was sent
+
+
+def test_runs_that_differ_only_in_the_sign_of_a_zero_are_sent_each_as_it_is(remote):
+    host = np.linspace(0.5, 1, 8)
+    x = em.asarray(host, device=remote)
+    for _ in range(3):  # equal runs reuse their bytes: these compare equal (-0.0 == 0.0) and must not
+        for zero in (0.0, -0.0):
+            y = x * zero
+            for _ in range(3):
+                y = y + zero
+            np.testing.assert_array_equal(np.signbit(em.asnumpy(y)), np.signbit(host * zero + zero + zero + zero))
 
 
 def test_reads_of_every_kind(remote):

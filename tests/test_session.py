@@ -382,7 +382,7 @@ def test_a_peer_on_a_backend_that_holds_a_dtype_without_computing_on_it_refuses_
                            ("error", 4, "NotSupportedError", refusal.format("unstack"))]
     assert cast.tolist() == [0, 7] and cast.dtype == np.int64
     for base in (10, 20, 30):  # as a run seen three times: never compiled past the op path's check
-        _batch(session, ("ops", base, (1,), wire.pack([("add", (-1, -1), (0,), {})])))
+        _batch(session, _run(base, (1,), ("add", (-1, -1), (0,), {})))
         assert _replies(_batch(session, ("get", 5, base))) == [("error", 5, "NotSupportedError", refusal.format("add"))]
     assert session.runs_replayed == 0
 
@@ -514,9 +514,14 @@ def test_a_peer_keeps_literals_converted_and_tells_zeros_and_dtypes_apart():
     assert set(session.engine._literals) == {(2.5, dt.float64), (3, dt.int64), (True, dt.bool_)}
 
 
-def _run(base: int, inputs: tuple, *records) -> tuple:
+def _blob(records, let_go=()) -> bytes:
+    """A run's records and the outputs its client let go, as the client packs them (remote/runs.py)."""
+    return wire.pack((list(records), list(let_go)))
+
+
+def _run(base: int, inputs: tuple, *records, let_go=()) -> tuple:
     """An ``ops`` message as the client builds it (remote/runs.py)."""
-    return ("ops", base, inputs, wire.pack(list(records)))
+    return ("ops", base, inputs, _blob(records, let_go))
 
 
 # a run as a loop sends it: ids relative to its first output, the array made before it its input -1
@@ -535,7 +540,7 @@ def test_a_run_seen_twice_is_compiled_then_replayed_with_the_op_paths_results():
     _batch(session, ("put", 1, 0), segments=[x])
     for sighting, base in enumerate((10, 20, 30, 40)):
         _batch(session, _run(base, (1,), *CHAIN))
-        assert type(session.runs[wire.pack(list(CHAIN))]).__name__ == ("int" if sighting == 0 else "RunPlan")
+        assert type(session.runs[_blob(CHAIN)]).__name__ == ("int" if sighting == 0 else "RunPlan")
         assert session.runs_replayed == max(0, sighting - 1)
         for k, expected in enumerate(_chain(x)):
             (_, (out,)), = _batch(session, ("get", 100 + k, base + k))
@@ -570,6 +575,36 @@ def test_a_run_seen_twice_is_compiled_then_replayed_with_the_op_paths_results():
     assert session.runs_replayed == 4
     with pytest.raises(ProtocolError, match="tensor ids are non-negative integers, got -5"):  # as op by op
         _batch(session, _run(-5, (1,), *CHAIN))
+
+
+# a loop's run as its client sends it after the loop moved on: every output but the last let go; the first is read last
+LINKS = [("multiply", (-1, (1.5, "float64")), (0,), {}), *(("sin", (k,), (k + 1,), {}) for k in range(6)),
+         ("add", (6, 0), (7,), {})]
+
+
+def test_outputs_a_run_let_go_are_never_stored_and_a_replay_reserves_only_the_op_paths_peak():
+    x = np.arange(4.0)  # 32 bytes, as each output
+    expected = x * 1.5
+    for _ in range(6):
+        expected = np.sin(expected)
+    expected = expected + x * 1.5
+    # the op path holds at most three outputs at once (the first, the last and the one before): 96 bytes, not 256
+    session = _open(_host(Limits(max_tensor_bytes=1 << 16, max_session_bytes=32 + 96)))
+    _batch(session, ("put", 1, 0), segments=[x])
+    for sighting, base in enumerate((10, 20, 30, 40)):
+        _batch(session, _run(base, (1,), *LINKS, let_go=range(7)))
+        assert set(session.tensors) == set(session.metas) == set(session.sizes) == {1, base + 7}
+        assert session.runs_replayed == max(0, sighting - 1) and session.used == session.live_bytes() == 64
+        (_, (out,)), = _batch(session, ("get", 1, base + 7), ("drop", (base + 7,)))
+        np.testing.assert_allclose(out, expected, rtol=1e-12)
+    assert session.ops == 32 and _replies(_batch(session, ("sync", 1))) == [("ok", 1)]
+    # one byte less: the op path refuses the op that does not fit, and so does the plan (it runs op by op)
+    session.limits = replace(session.limits, max_session_bytes=32 + 95)
+    _batch(session, _run(50, (1,), *LINKS, let_go=range(7)))
+    assert session.runs_replayed == 2 and set(session.tensors) == {1, 57} and set(session.metas) == {1}  # 57: its failure
+    assert session.used == session.live_bytes() == 32
+    (reply,) = _replies(_batch(session, ("get", 1, 57)))
+    assert reply[2:] == ("ResourceLimitError", "sin: 32 more bytes would exceed this session's quota of 127 bytes (96 in use)")
 
 
 @pytest.mark.parametrize("spoil, kind, message", [
@@ -618,7 +653,7 @@ def test_runs_the_plan_cannot_take_are_never_compiled_and_sightings_are_bounded(
     several = [("unique_counts", (-1,), (0, 1), {})]   # two outputs, data-dependent sizes
     for base in (10, 20, 30):
         _batch(session, _run(base, (1,), *several))
-    assert session.runs[wire.pack(several)] is runs.NOT_COMPILED and session.runs_replayed == 0
+    assert session.runs[_blob(several)] is runs.NOT_COMPILED and session.runs_replayed == 0
     (_, (values, counts)), = _batch(session, ("get", 1, 30), ("get", 2, 31))
     np.testing.assert_array_equal(values, np.arange(4.0))
     for records, inputs, segments in (
@@ -628,7 +663,7 @@ def test_runs_the_plan_cannot_take_are_never_compiled_and_sightings_are_bounded(
         _batch(session, *(("put", tid, k) for k, tid in enumerate(inputs[:len(segments)])), segments=segments)
         for base in (40, 50, 60):
             _batch(session, _run(base, inputs, *records))
-        assert session.runs[wire.pack(records)] is runs.NOT_COMPILED and session.runs_replayed == 0
+        assert session.runs[_blob(records)] is runs.NOT_COMPILED and session.runs_replayed == 0
     (reply,) = _replies(_batch(session, ("get", 3, 60)))
     assert reply[2:] == ("ResourceLimitError", "matmul: an output of shape (100, 100) float64 exceeds the peer's "
                                                "tensor limit of 65536 bytes")
@@ -640,12 +675,18 @@ def test_runs_the_plan_cannot_take_are_never_compiled_and_sightings_are_bounded(
 
 
 @pytest.mark.parametrize("message, refusal", [
-    (("ops", "10", (1,), wire.pack([])), "an ops message is (base, inputs, records)"),
-    (("ops", 10, [1], wire.pack([])), "an ops message is (base, inputs, records)"),
-    (("ops", 10, (1,), "not bytes"), "records must be msgpack bytes"),
+    (("ops", "10", (1,), _blob([])), "an ops message is (base, inputs, blob)"),
+    (("ops", 10, [1], _blob([])), "an ops message is (base, inputs, blob)"),
+    (("ops", 10, (1,), "not bytes"), "the blob must be msgpack bytes"),
     (("ops", 10, (1,), b"\xc1"), "malformed header"),
-    (("ops", 10, (1,), wire.pack([("sin", (0,), (1,))])), "a run's records are (name, inputs, outputs, attrs)"),
-    (("ops", 10, (1,), wire.pack([("sin", (-2,), (0,), {})])), "a run's input -2 is beyond its 1 inputs"),
+    (("ops", 10, (1,), wire.pack([])), "a run's blob is (records, outputs let go), got ()"),
+    (("ops", 10, (1,), wire.pack([[], [], []])), "a run's blob is (records, outputs let go)"),
+    (("ops", 10, (1,), _blob([("sin", (0,), (1,))])), "a run's records are (name, inputs, outputs, attrs)"),
+    (("ops", 10, (1,), wire.pack(([], 3))), "a run's outputs let go are a list of its outputs, got 3"),
+    (("ops", 10, (1,), _blob([("sin", (-1,), (0,), {})], [1])), "a run's output let go, 1, is not one of its records' outputs"),
+    (("ops", 10, (1,), _blob([("sin", (-1,), (0,), {})], [-1])), "a run's output let go, -1, is not one of its records'"),
+    (("ops", 10, (1,), _blob([("sin", (-1,), (0,), {})], [True])), "a run's output let go, True, is not one of its records'"),
+    (("ops", 10, (1,), _blob([("sin", (-2,), (0,), {})])), "a run's input -2 is beyond its 1 inputs"),
     (("ops", 10), "malformed 'ops' message"),
 ])
 def test_a_malformed_run_is_refused_naming_what_is_wrong(message, refusal):
@@ -663,13 +704,14 @@ RECORDS = st.tuples(st.sampled_from(["add", "sin", "multiply", "sum", "inv", "un
 
 
 @given(records=st.lists(st.one_of(RECORDS, VALUES), max_size=4), base=st.one_of(st.integers(-5, 2000), VALUES),
-       inputs=st.one_of(st.lists(st.sampled_from([1000, 1001, 7]), max_size=3).map(tuple), VALUES))
-def test_hostile_runs_are_run_or_refused_at_each_sighting_and_the_session_still_computes(records, base, inputs):
+       inputs=st.one_of(st.lists(st.sampled_from([1000, 1001, 7]), max_size=3).map(tuple), VALUES),
+       let_go=st.one_of(st.lists(st.integers(-2, 5), max_size=3), VALUES))
+def test_hostile_runs_are_run_or_refused_at_each_sighting_and_the_session_still_computes(records, base, inputs, let_go):
     session = _open(_host())
     kept = np.arange(3.0)
     _batch(session, ("put", 1000, 0), ("put", 1001, 1), segments=[kept, np.eye(3)])
     try:
-        blob = wire.pack(records)
+        blob = wire.pack((records, let_go))
     except ProtocolError:
         return
     for _ in range(3):  # seen, compiled, replayed: each may be refused, none may raise anything else

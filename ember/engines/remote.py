@@ -5,7 +5,9 @@ from the meta rules, and appends the op to a batch. A batch is sent when it is l
 enough, or when something must wait — a read, a sync, a data-dependent shape — so a chain of N
 ops and one read costs one round trip. Arrays the program drops are freed on the peer in the
 next batch, or within the batch once its ops have made DROP_BYTES: the drops go ahead of the
-next op, so a chain of large arrays holds on the peer what it holds locally.
+next op, so a chain of large arrays holds on the peer what it holds locally. An output of a run of
+ops not sent yet is not dropped by message: the run itself says the client let it go, and the peer
+treats it as a temporary (remote/runs.py), never stored.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ BATCH_BYTES = 8 << 20    # … or once its copied uploads reach this size
 INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
 DROP_IDS = 1 << 16       # dropped ids per message: very many go in frames of their own
 DROP_BYTES = 1 << 20     # once the batch's ops have made this many bytes, drops go ahead of the next op
+BLOBS_KEPT = 8           # runs whose bytes are kept for an equal run to send again
 DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
 KEEPALIVE = 30.0         # seconds a read waits through silence, by default (EMBER_KEEPALIVE)
 QUIET_SECONDS = 0.05     # a connection silent this long is asked whether the peer ended the session …
@@ -136,6 +139,7 @@ class RemoteEngine(Engine):
         self._rids = itertools.count(1)
         self._pending: list = []
         self._run: list | None = None  # the run of ops the batch ends with, while it does (apply)
+        self._blobs: list = []  # (records, outputs let go, their msgpack) of the runs sent lately, newest first
         self._extra = 0  # ops in the batch beyond one per message (a run holds many)
         self._segments: list = []
         self._drops: deque = deque()
@@ -167,19 +171,45 @@ class RemoteEngine(Engine):
         return outs, metas
 
     def apply(self, op, inputs, in_metas, attrs, meta):
-        """Add the op to the batch's current run of one-output ops (``("ops", base, inputs, records)``,
-        remote/runs.py), or start one: a run's records name tensors relative to it, so a loop sends
-        the same bytes each time and the peer replays what it compiled of them."""
-        with self._lock:  # the run, its relative ids and the batch change together
+        """Add the op to the batch's current run of one-output ops (remote/runs.py), or start one: a
+        run's records name tensors relative to it, so a loop sends the same bytes each time and the
+        peer replays what it compiled of them."""
+        if self.lost is not None:
+            raise self.lost
+        lock = self._lock
+        lock.acquire()  # the run, its relative ids and the batch change together
+        try:
             if self._drops and self._made_bytes >= DROP_BYTES:
-                self._queue_drops()  # the drops go ahead of this op (and end the run)
-            pending, run = self._pending, self._run
+                self._queue_drops()  # the drops go ahead of this op (a drop message ends the run)
             tid = next(self._ids)
-            if not pending or pending[-1] is not run:
-                run = ["ops", tid, [], {}]  # base, records, the inputs made before it (id -> position)
-            refs = self._refs(op, inputs, in_metas, run)  # refused before the op joins the batch
-            run[2].append((op.name, refs, (tid - run[1],), attrs))
-            if run is not self._run:
+            run, pending = self._run, self._pending
+            fresh = not pending or pending[-1] is not run
+            if fresh:  # base, records, the inputs made before it (id -> position), the outputs let go, reusable
+                run = ["ops", tid, [], {}, [], True]
+            base = run[1]
+            refs = []
+            index = 0
+            for value in inputs:  # _refs, inlined for runs: the hot path (a zip of two tuples costs more)
+                if type(value) is RemoteHandle:
+                    if value.engine is not self:
+                        self._refs(op, (value,), in_metas[index:index + 1])  # raises: another session's, or a lost one's
+                    ref = value.id - base
+                    if ref < 0:  # made before the run: named by its position among the run's inputs
+                        before, made = run[3], value.id
+                        ref = before.get(made)
+                        if ref is None:
+                            ref = before[made] = len(before)
+                        ref = -1 - ref
+                    refs.append(ref)
+                else:
+                    refs.append((value, in_metas[index].dtype.name))
+                    if not value or type(value) is complex:
+                        run[5] = False  # == cannot tell -0.0 from 0.0: this run's bytes are packed afresh (_blob)
+                index += 1
+            if attrs:
+                run[5] = False
+            run[2].append((op.name, tuple(refs), (tid - base,), attrs))
+            if fresh:
                 self._run = run
                 pending.append(run)
             else:
@@ -188,13 +218,13 @@ class RemoteEngine(Engine):
             out.engine, out.id = self, tid
             made = _NBYTES.get(meta)
             self._count(made if made is not None else _nbytes(meta))
+        finally:
+            lock.release()
         return out
 
-    def _refs(self, op, inputs: tuple, in_metas: tuple, run: list | None = None) -> tuple:
+    def _refs(self, op, inputs: tuple, in_metas: tuple) -> tuple:
         """How an op message names ``inputs``: this session's tensor ids, and ``(value, dtype
-        name)`` for literals (ops/records.py). In a ``run``, an id is relative: ``id - base`` for a
-        tensor made since the run began, ``-1 - position`` for one made before (its position in
-        the run's inputs)."""
+        name)`` for literals (ops/records.py)."""
         if self.lost is not None:
             raise self.lost
         refs = []
@@ -205,17 +235,7 @@ class RemoteEngine(Engine):
                         raise DeviceError(f"{op.name}: an input lives in another session ({value.engine.device}); "
                                           f"move it with x.to_device({str(self.device)!r})")
                     raise lost_session(op.name, "an input", value.engine)
-                tid = value.id
-                if run is not None:
-                    if tid >= run[1]:
-                        tid -= run[1]
-                    else:
-                        before = run[3]
-                        position = before.get(tid)
-                        if position is None:
-                            position = before[tid] = len(before)
-                        tid = -1 - position
-                refs.append(tid)
+                refs.append(value.id)
             else:
                 refs.append((value, meta.dtype.name))
         return tuple(refs)
@@ -377,10 +397,16 @@ class RemoteEngine(Engine):
 
     # -- batching --
     def _queue_drops(self) -> None:
-        """Move dropped ids into the batch, after every op that may still read them; beyond
-        DROP_IDS of them, each message goes in a frame of its own (headers stay small)."""
+        """Move dropped ids into the batch, after every op that may still read them: an output of the
+        run the batch ends with into that run's list of outputs let go (no message after it can read
+        it), any other in a drop message (beyond DROP_IDS of them, each message in a frame of its
+        own: headers stay small)."""
         drops = self._drops
         self._made_bytes = 0
+        run = self._run
+        if drops and run is not None and self._pending and self._pending[-1] is run:
+            ids = [drops.popleft() for _ in range(len(drops))]  # handles dropped meanwhile wait for the next
+            drops.extend(self._let_go(run, ids))
         while drops:
             if len(drops) <= DROP_IDS:  # most often: all of them at once (handles dropped meanwhile wait for the next)
                 ids = tuple(drops)
@@ -393,6 +419,19 @@ class RemoteEngine(Engine):
                 self._send_pending()
         while self._drops_graph:
             self._pending.append(("forget", self._drops_graph.popleft()))
+
+    def _let_go(self, run: list, ids: list) -> list:
+        """Note each of ``ids`` that is an output of ``run`` in it (its fifth item, as relative ids);
+        return the others. A run's outputs are ids from its base up, in order, though another
+        thread's upload may take one between them."""
+        base, records = run[1], run[2]
+        last = base + records[-1][2][0]
+        if last + 1 - base == len(records):  # its outputs are base … last, as a run most often has
+            run[4].extend([tid - base for tid in ids if base <= tid <= last])
+            return [tid for tid in ids if not base <= tid <= last]
+        outputs = {base + r[2][0] for r in records}
+        run[4].extend([tid - base for tid in ids if tid in outputs])
+        return [tid for tid in ids if tid not in outputs]
 
     def flush(self) -> None:
         """Send every pending message now."""
@@ -408,14 +447,28 @@ class RemoteEngine(Engine):
         self._run = None
         ops = 0
         for i, message in enumerate(messages):
-            if message[0] == "ops":  # a run: its records as msgpack bytes, the key the peer knows it by
-                _, base, records, before = message
-                messages[i] = ("ops", base, tuple(before), wire.pack(records))
+            if message[0] == "ops":  # a run: its records and the outputs let go as msgpack bytes, the key the peer knows it by
+                _, base, records, before, let_go, reusable = message
+                blob = self._blob(records, let_go) if reusable else wire.pack((records, let_go))
+                messages[i] = ("ops", base, tuple(before), blob)
                 ops += len(records)
             elif message[0] == "op":
                 ops += 1
         self.counters["ops"] += ops
         self._send({"t": "batch", "m": tuple(messages)}, segments)
+
+    def _blob(self, records: list, let_go: list) -> bytes:
+        """The msgpack of a run's records and outputs let go: the bytes of an equal run sent lately
+        (a loop's, each time: comparing costs a fifth of packing, most of what sending a batch
+        costs), else packed. Only runs whose equal values pack to equal bytes come here: apply
+        marks a run with a zero or complex literal (-0.0 == 0.0) or with attributes."""
+        for entry in self._blobs:
+            if entry[0] == records and entry[1] == let_go:
+                return entry[2]
+        blob = wire.pack((records, let_go))
+        self._blobs.insert(0, (records, let_go, blob))
+        del self._blobs[BLOBS_KEPT:]
+        return blob
 
     def _send(self, header: dict, segments: list) -> None:
         if self.lost is not None:

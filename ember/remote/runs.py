@@ -1,16 +1,20 @@
 """Runs of ops a peer has seen before, replayed as compiled plans.
 
 A client sends each run of consecutive one-output ops as one ``("ops", base, inputs, blob)``
-message. ``blob`` is the msgpack of the run's ``(name, inputs, outputs, attrs)`` records, whose
-tensor ids are relative: ``r >= 0`` is tensor ``base + r`` (the run's first output is ``base``),
-``r < 0`` is tensor ``inputs[-1 - r]`` (an array made before the run). So a loop that repeats a
-computation sends the same blob every time, and the peer keys what it learnt of a run by those
-bytes. At a blob's second sighting the peer compiles its records, against the metas their inputs
-have then, into a local engine plan (rules checked once, literals converted once, kernels called
-straight); later sightings whose inputs still have those metas replay it. Anything the plan cannot
-vouch for — an input missing, failed or of another meta, an output id in use, no room in the
-budget, a kernel raising — runs op by op instead, as the first sighting did, so errors, poisons
-and accounting are the op path's own: a plan stores nothing until every kernel has run.
+message. ``blob`` is the msgpack of ``(records, let_go)``: the run's ``(name, inputs, outputs,
+attrs)`` records, whose tensor ids are relative — ``r >= 0`` is tensor ``base + r`` (the run's
+first output is ``base``), ``r < 0`` is tensor ``inputs[-1 - r]`` (an array made before the run) —
+and the outputs the client let go before it sent the run (a chain's intermediates, as Burn's
+tensor status tells a backend which tensors it may consume). The peer never stores those: each is
+freed after the last record that reads it, and a compiled run computes them in buffers of its own,
+written over in place. So a loop that repeats a computation sends the same blob every time, and
+the peer keys what it learnt of a run by those bytes. At a blob's second sighting the peer
+compiles its records, against the metas their inputs have then, into a local engine plan (rules
+checked once, literals converted once, kernels called straight); later sightings whose inputs
+still have those metas replay it. Anything the plan cannot vouch for — an input missing, failed or
+of another meta, an output id in use, no room in the budget, a kernel raising — runs op by op
+instead, as the first sighting did, so errors, poisons and accounting are the op path's own: a
+plan stores nothing until every kernel has run.
 """
 
 from __future__ import annotations
@@ -24,14 +28,42 @@ KEPT_BLOB_BYTES = 16 << 10  # a longer blob is run op by op every time (a 64-op 
 NOT_COMPILED = False      # what a session remembers of a run it cannot compile
 
 
-def records_of(blob) -> tuple:
-    """The records of a run's blob; ProtocolError if it is not a list of 4-item records."""
+def records_of(blob) -> tuple[tuple, tuple]:
+    """The records of a run's blob and the outputs its client let go; ProtocolError unless they are
+    a list of 4-item records and a list of outputs those records make."""
     if type(blob) is not bytes:
-        raise ProtocolError("an ops message is (base, inputs, records): records must be msgpack bytes")
-    records = wire.unpack(blob)
+        raise ProtocolError("an ops message is (base, inputs, blob): the blob must be msgpack bytes")
+    run = wire.unpack(blob)
+    if type(run) is not tuple or len(run) != 2:
+        raise ProtocolError(f"a run's blob is (records, outputs let go), got {run!r:.60}")
+    records, let_go = run
     if type(records) is not tuple or any(type(r) is not tuple or len(r) != 4 for r in records):
         raise ProtocolError(f"a run's records are (name, inputs, outputs, attrs), got {records!r:.60}")
-    return records
+    if type(let_go) is not tuple:
+        raise ProtocolError(f"a run's outputs let go are a list of its outputs, got {let_go!r:.60}")
+    if let_go:
+        made = {o for _, _, outs, _ in records if type(outs) is tuple for o in outs if type(o) is int}
+        for ref in let_go:
+            if type(ref) is not int or ref not in made:
+                raise ProtocolError(f"a run's output let go, {ref!r:.20}, is not one of its records' outputs")
+    return records, let_go
+
+
+def endings(records: tuple, let_go: tuple) -> dict:
+    """Index -> the outputs let go right after that record: each after the last record that makes
+    or reads it, as eager execution frees an array after its last use."""
+    going = set(let_go)
+    last = {}
+    for index, (_, refs, outs, _) in enumerate(records):
+        for refs_or_outs in (refs, outs):
+            if type(refs_or_outs) is tuple:
+                for ref in refs_or_outs:
+                    if type(ref) is int and ref in going:
+                        last[ref] = index
+    ended: dict = {}
+    for ref, index in last.items():
+        ended.setdefault(index, []).append(ref)
+    return ended
 
 
 def _tensor(ref: int, base: int, inputs: tuple):
@@ -58,21 +90,24 @@ def absolute(records: tuple, base: int, inputs: tuple):
 class RunPlan:
     """A run compiled for the metas its inputs had: ``replay`` runs it, or says it cannot."""
 
-    __slots__ = ("plan", "inputs", "outputs", "metas", "sizes", "need")
+    __slots__ = ("plan", "inputs", "outputs", "kept", "metas", "sizes", "held", "need")
 
-    def __init__(self, plan, inputs: list, outputs: list, metas: list):
+    def __init__(self, plan, inputs: list, outputs: list, kept: list, metas: list, need: int):
         self.plan = plan
         self.inputs = inputs    # (relative reference, the meta it had) per input of the plan, in its order
-        self.outputs = outputs  # relative output ids, in the plan's order
+        self.outputs = outputs  # every relative output id: none may be in use
+        self.kept = kept        # those the client holds, in the plan's order, and their metas and sizes
         self.metas = metas
         self.sizes = [meta.nbytes for meta in metas]
-        self.need = sum(self.sizes)
+        self.held = sum(self.sizes)
+        self.need = need        # the most the op path holds at once: what a replay reserves
 
     @classmethod
-    def compile(cls, session, records: tuple, base: int, inputs: tuple) -> RunPlan | bool:
+    def compile(cls, session, records: tuple, let_go: tuple, base: int, inputs: tuple) -> RunPlan | bool:
         """The plan of ``records`` as the session's tensors stand (run once already), or NOT_COMPILED
         where a record is one the plan does not take: several outputs, a data-dependent size,
-        kernel scratch, an output over the tensor limit, an input that failed."""
+        kernel scratch, an output over the tensor limit, an input that failed. The outputs
+        ``let_go`` are the plan's own: freed after their last use, or written over in place."""
         made: set = set()
         known: dict = {}  # relative reference -> meta, of every input
         for _, refs, outs, _ in records:
@@ -98,15 +133,23 @@ class RunPlan:
         outputs = [outs[0] for _, _, outs, _, _, _ in checked]
         if min(outputs, default=0) < 0:
             return NOT_COMPILED
+        going = set(let_go)
+        kept = list(dict.fromkeys(o for o in outputs if o not in going))
+        ended, held = endings(records, let_go), 0
+        need = 0  # the op path's peak: every output made so far, less those let go after their last use
+        for index, (_, _, _, _, _, out_metas) in enumerate(checked):
+            held += out_metas[0].nbytes
+            need = max(need, held)
+            held -= sum(known[ref].nbytes for ref in ended.get(index, ()))
         ops = [(row, refs, outs, attrs) for row, refs, outs, attrs, _, _ in checked]
         engine = session.engine
         if not engine.computes_every_dtype:  # its op path checks each op's dtypes; a plan would not
             return NOT_COMPILED
         try:
-            plan = engine.compile(ops, list(input_metas), {}, outputs, known, native=False)
+            plan = engine.compile(ops, list(input_metas), {}, kept, known, native=False)
         except EmberError:  # a row without a kernel here: the op path refuses it by name
             return NOT_COMPILED
-        return cls(plan, list(input_metas.items()), outputs, [known[o] for o in outputs])
+        return cls(plan, list(input_metas.items()), outputs, kept, [known[o] for o in kept], need)
 
     def replay(self, session, base: int, inputs: tuple) -> bool:
         """Run the plan on the session's tensors and keep its outputs, or leave everything as it was
@@ -133,7 +176,10 @@ class RunPlan:
         except Exception:
             session._give(need)
             return False
-        for tid, value, meta, size in zip(ids, results, self.metas, self.sizes):
+        if need > self.held:
+            session._give(need - self.held)  # what the outputs let go held while the plan ran
+        for ref, value, meta, size in zip(self.kept, results, self.metas, self.sizes):
+            tid = base + ref
             tensors[tid] = value
             metas[tid] = meta
             sizes[tid] = size

@@ -32,7 +32,7 @@ from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
 from .access import single_token
-from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, RunPlan, absolute, records_of
+from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, RunPlan, absolute, endings, records_of
 from .transfers import CAPABILITY_BYTES, FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Outcome, Transfers
 
 log = logging.getLogger("ember.serve")
@@ -482,20 +482,23 @@ class Session:
         session has one that fits, else op by op — and compiled at its second sighting."""
         base, inputs, blob = body
         if type(base) is not int or type(inputs) is not tuple:
-            raise ProtocolError("an ops message is (base, inputs, records)")
+            raise ProtocolError("an ops message is (base, inputs, blob)")
         known = self.runs.get(blob) if type(blob) is bytes else None
         if type(known) is RunPlan and known.replay(self, base, inputs):
             return
-        records = records_of(blob)
+        records, let_go = records_of(blob)
+        ended = endings(records, let_go) if let_go else {}
         run_op = self._op
-        for message in absolute(records, base, inputs):
+        for index, message in enumerate(absolute(records, base, inputs)):
             run_op(message)
+            if index in ended:  # outputs the client let go, after their last use here
+                self._drop((tuple(base + ref for ref in ended[index]),), None, None, None)
         if known is None and len(blob) <= KEPT_BLOB_BYTES:
             if len(self.runs) >= KEPT_RUNS:
                 self.runs.clear()
             self.runs[blob] = 1
         elif type(known) is int:  # the second sighting
-            self.runs[blob] = RunPlan.compile(self, records, base, inputs)
+            self.runs[blob] = RunPlan.compile(self, records, let_go, base, inputs)
 
     def _keep(self, outputs: tuple, values, out_metas: tuple, reserved: int, partly: bool = True) -> None:
         """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs (all

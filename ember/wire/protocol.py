@@ -27,7 +27,7 @@ from .. import dtypes as dt
 from .. import errors
 from ..errors import ProtocolError
 
-VERSION = 2  # 2: runs of ops as ["ops", base, inputs, records] messages (remote/runs.py)
+VERSION = 3  # 2: runs of ops as ["ops", base, inputs, blob] messages (remote/runs.py); 3: runs name outputs let go
 MAGIC = b"EMBR"
 _PREFIX = struct.Struct("<4sIQ")
 PREFIX_SIZE = _PREFIX.size  # 16
