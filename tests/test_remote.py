@@ -271,6 +271,62 @@ def test_threads_share_a_remote_device(remote):
     assert not errors
 
 
+def test_ops_logged_out_of_their_ids_order_by_threads_compute_and_let_go_right(remote):
+    """Ops are logged without a lock: between one thread's taking an id and logging its op, another thread may
+    log an op of a later id. Here that other thread's op runs inside the id counter, deterministically."""
+    host = np.arange(4.0, dtype=np.float32)
+    x = em.asarray(host, device=remote)
+    engine = remote.engine
+    counter, interleaved = engine._ids, []
+
+    class Ids:  # the counter, with another thread's op logged right after the k-th id is taken
+        def __init__(self, k, op):
+            self.calls, self.k, self.op = 0, k, op
+
+        def __next__(self):
+            tid = next(counter)
+            self.calls += 1
+            if self.calls == self.k:
+                interleaved.append(self.op())
+            return tid
+
+    em.sync(remote)
+    engine._ids = Ids(2, lambda: x * 3)
+    a = x + 1
+    b = a * 2  # logged after x * 3, whose id is later: the run's outputs are out of order
+    c = b - x
+    engine._ids = counter
+    with engine._lock:
+        engine._take_log()
+        (run,) = [m for m in engine._pending if m[0] == "ops"]
+        assert [record[2][0] for record in run[2]] == [0, 2, 1, 3] and run[6] is False
+    del a, b  # let go in the run: the outputs are found one by one
+    np.testing.assert_array_equal(em.asnumpy(c), (host + 1) * 2 - host)
+    np.testing.assert_array_equal(em.asnumpy(interleaved.pop()), host * 3)
+    assert engine.peer_stats()["session_tensors"] == 2  # x and c
+
+    engine._ids = Ids(1, lambda: x * 5)
+    d = x - 1  # its id is taken first, x * 5 logged first: d's op starts a run of its own
+    engine._ids = counter
+    e = d + interleaved[0]
+    with engine._lock:
+        engine._take_log()
+        runs = [m for m in engine._pending if m[0] == "ops"]
+        assert [run[1] for run in runs] == [d._handle.id + 1, d._handle.id]
+    np.testing.assert_array_equal(em.asnumpy(e), host - 1 + host * 5)
+
+    engine._ids = Ids(1, lambda: next(counter))  # an id another thread took for an upload (kept in interleaved)
+    f = x + 1
+    g = f * 2
+    engine._ids = counter
+    with engine._lock:
+        engine._take_log()
+        (run,) = [m for m in engine._pending if m[0] == "ops"]
+        assert engine._let_go(run, [interleaved[-1], f._handle.id]) == [interleaved[-1]] and run[4] == [0]
+        run[4].clear()
+    np.testing.assert_array_equal(em.asnumpy(g), (host + 1) * 2)
+
+
 def test_works_inside_a_running_event_loop(remote):
     async def notebook_cell():
         x = em.arange(10, device=remote)

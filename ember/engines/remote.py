@@ -3,11 +3,12 @@
 Ops are fire-and-forget: the client allocates tensor ids, knows every output's shape and dtype
 from the meta rules, and appends the op to a batch. A batch is sent when it is large or old
 enough, or when something must wait — a read, a sync, a data-dependent shape — so a chain of N
-ops and one read costs one round trip. Arrays the program drops are freed on the peer in the
-next batch, or within the batch once its ops have made DROP_BYTES: the drops go ahead of the
-next op, so a chain of large arrays holds on the peer what it holds locally. An output of a run of
-ops not sent yet is not dropped by message: the run itself says the client let it go, and the peer
-treats it as a temporary (remote/runs.py), never stored.
+ops and one read costs one round trip. An op of one output whose meta is known (most) is only
+logged, without a lock; the log joins the batch as runs of ops (remote/runs.py) before anything
+else does. Arrays the program drops are freed on the peer: an output of the batch's last run is
+listed in the run as let go, so the peer never stores it (a chain of large arrays holds on the
+peer what it holds locally); any other array in a drop message, in the next batch or, once the
+batch's op messages have made DROP_BYTES, ahead of the next one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ BATCH_SECONDS = 0.002    # … or once its first message is this old …
 BATCH_BYTES = 8 << 20    # … or once its copied uploads reach this size
 INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
 DROP_IDS = 1 << 16       # dropped ids per message: very many go in frames of their own
-DROP_BYTES = 1 << 20     # once the batch's ops have made this many bytes, drops go ahead of the next op
+DROP_BYTES = 1 << 20     # once the batch's op messages have made this many bytes, drops go ahead of the next one
 BLOBS_KEPT = 8           # runs whose bytes are kept for an equal run to send again
 DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
 KEEPALIVE = 30.0         # seconds a read waits through silence, by default (EMBER_KEEPALIVE)
@@ -141,6 +142,7 @@ class RemoteEngine(Engine):
         self._run: list | None = None  # the run of ops the batch ends with, while it does (apply)
         self._blobs: list = []  # (records, outputs let go, their msgpack) of the runs sent lately, newest first
         self._extra = 0  # ops in the batch beyond one per message (a run holds many)
+        self._log: deque = deque()  # (name, inputs, input metas, attrs, output id) of ops not yet in the batch (apply)
         self._segments: list = []
         self._drops: deque = deque()
         self._drops_graph: deque = deque()
@@ -171,30 +173,48 @@ class RemoteEngine(Engine):
         return outs, metas
 
     def apply(self, op, inputs, in_metas, attrs, meta):
-        """Add the op to the batch's current run of one-output ops (remote/runs.py), or start one: a
-        run's records name tensors relative to it, so a loop sends the same bytes each time and the
-        peer replays what it compiled of them."""
+        """Log an op of one output whose meta is known. The log joins the batch, as runs of ops
+        (remote/runs.py, ``_take_log``), before anything else does and before the batch leaves:
+        the hot path only appends to a deque, which is atomic, so it takes no lock."""
+        for value in inputs:
+            if type(value) is RemoteHandle and value.engine is not self:
+                self._refs(op, inputs, in_metas)  # raises: an input of another session, or of a lost one
         if self.lost is not None:
             raise self.lost
-        lock = self._lock
-        lock.acquire()  # the run, its relative ids and the batch change together
-        try:
-            if self._drops and self._made_bytes >= DROP_BYTES:
-                self._queue_drops()  # the drops go ahead of this op (a drop message ends the run)
-            tid = next(self._ids)
-            run, pending = self._run, self._pending
-            fresh = not pending or pending[-1] is not run
-            if fresh:  # base, records, the inputs made before it (id -> position), the outputs let go, reusable
-                run = ["ops", tid, [], {}, [], True]
-            base = run[1]
+        tid = next(self._ids)
+        log = self._log
+        log.append((op.name, inputs, in_metas, attrs, tid))  # the inputs' handles live on until the log is taken
+        logged = len(log)
+        if logged & 7 == 0 or (logged == 1 and not self._pending):
+            self._count(0)  # every 8 ops: is the batch full or old? (the first op: the batch's clock starts)
+        out = _new_handle(RemoteHandle)
+        out.engine, out.id = self, tid
+        return out
+
+    def _take_log(self) -> None:
+        """Move the logged ops into the batch (the lock held), each into the run of one-output ops
+        the batch ends with, or a new one: a run's records name tensors relative to it — ``id -
+        base``, or ``-1 - position`` for a tensor made before it (its position among the run's
+        inputs) — so a loop sends the same bytes each time and the peer replays what it compiled
+        of them. Ops logged by other threads meanwhile are taken too, or wait for the next time."""
+        log, pending = self._log, self._pending
+        run = self._run
+        if not pending or pending[-1] is not run:
+            run = None
+        while log:
+            name, inputs, in_metas, attrs, tid = log.popleft()
+            if run is None or tid < run[1]:  # a run's outputs are at or past its base (threads may log out of order)
+                # base, records, inputs made before it (id -> position), outputs let go, reusable bytes, outputs in order
+                run = self._run = ["ops", tid, [], {}, [], True, True]
+                pending.append(run)
+                self._extra -= 1  # the run's message counts as its first op
+            base, records = run[1], run[2]
             refs = []
             index = 0
-            for value in inputs:  # _refs, inlined for runs: the hot path (a zip of two tuples costs more)
+            for value in inputs:  # not a zip: a zip of two tuples costs more
                 if type(value) is RemoteHandle:
-                    if value.engine is not self:
-                        self._refs(op, (value,), in_metas[index:index + 1])  # raises: another session's, or a lost one's
                     ref = value.id - base
-                    if ref < 0:  # made before the run: named by its position among the run's inputs
+                    if ref < 0:  # made before the run
                         before, made = run[3], value.id
                         ref = before.get(made)
                         if ref is None:
@@ -208,19 +228,10 @@ class RemoteEngine(Engine):
                 index += 1
             if attrs:
                 run[5] = False
-            run[2].append((op.name, tuple(refs), (tid - base,), attrs))
-            if fresh:
-                self._run = run
-                pending.append(run)
-            else:
-                self._extra += 1  # a message of the batch holding more than one op
-            out = _new_handle(RemoteHandle)
-            out.engine, out.id = self, tid
-            made = _NBYTES.get(meta)
-            self._count(made if made is not None else _nbytes(meta))
-        finally:
-            lock.release()
-        return out
+            if tid - base != len(records):
+                run[6] = False
+            records.append((name, tuple(refs), (tid - base,), attrs))
+            self._extra += 1
 
     def _refs(self, op, inputs: tuple, in_metas: tuple) -> tuple:
         """How an op message names ``inputs``: this session's tensor ids, and ``(value, dtype
@@ -244,16 +255,18 @@ class RemoteEngine(Engine):
         """Add an op message that makes ``made`` bytes to the batch (the lock held), after the drops
         so far once the batch's ops have made DROP_BYTES (no later op reads them); send the batch
         once it is full or old."""
+        self._take_log()
         if self._drops and self._made_bytes >= DROP_BYTES:
             self._queue_drops()
         self._pending.append(message)
         self._count(made)
 
     def _count(self, made: int) -> None:
-        """Count an op just added to the batch (the lock held), which makes ``made`` bytes; send the
+        """Count an op just added to the batch or its log, which makes ``made`` bytes; send the
         batch once it is full or old."""
-        self._made_bytes += made
-        n = len(self._pending) + self._extra  # a run's ops each count
+        if made:
+            self._made_bytes += made
+        n = len(self._pending) + self._extra + len(self._log)  # a run's ops each count
         if n == 1:
             self._first_pending = _clock()
         elif n >= BATCH_OPS or (n & 7 == 0 and _clock() - self._first_pending > BATCH_SECONDS):
@@ -268,6 +281,7 @@ class RemoteEngine(Engine):
             if handle.engine is not self:
                 raise lost_session("replay", "an input", handle.engine)
         with self._lock:
+            self._take_log()
             gid = self._graph_ids.get(graph)
             if gid is None:
                 gid = next(self._gids)
@@ -310,6 +324,7 @@ class RemoteEngine(Engine):
                 self.flush()  # keep order, then send the tensor straight from the caller's memory
                 self._send({"t": "batch", "m": (("put", handle.id, 0),)}, [host])
             else:
+                self._take_log()
                 if not self._pending:
                     self._first_pending = time.perf_counter()
                 self._pending.append(("put", handle.id, len(self._segments)))
@@ -342,6 +357,7 @@ class RemoteEngine(Engine):
         if handle.engine is not self:
             raise lost_session("to_device", "the array", handle.engine)
         with self._lock:
+            self._take_log()
             if not self._pending:
                 self._first_pending = _clock()
             self._pending.append(("grant", handle.id, capability, session))
@@ -359,6 +375,7 @@ class RemoteEngine(Engine):
         where = source.device
         out = RemoteHandle(self, next(self._ids))
         with self._lock:
+            self._take_log()
             if not self._pending:
                 self._first_pending = _clock()
             self._pending.append(("fetch", out.id, meta.dtype, tuple(meta.shape), where.scheme, where.host, where.port,
@@ -401,6 +418,7 @@ class RemoteEngine(Engine):
         run the batch ends with into that run's list of outputs let go (no message after it can read
         it), any other in a drop message (beyond DROP_IDS of them, each message in a frame of its
         own: headers stay small)."""
+        self._take_log()  # the log's ops go first (and its inputs' handles, which may now be dropped, let go)
         drops = self._drops
         self._made_bytes = 0
         run = self._run
@@ -426,7 +444,7 @@ class RemoteEngine(Engine):
         thread's upload may take one between them."""
         base, records = run[1], run[2]
         last = base + records[-1][2][0]
-        if last + 1 - base == len(records):  # its outputs are base … last, as a run most often has
+        if run[6]:  # its outputs are base … last, in order, as a run most often has
             run[4].extend([tid - base for tid in ids if base <= tid <= last])
             return [tid for tid in ids if not base <= tid <= last]
         outputs = {base + r[2][0] for r in records}
@@ -448,7 +466,7 @@ class RemoteEngine(Engine):
         ops = 0
         for i, message in enumerate(messages):
             if message[0] == "ops":  # a run: its records and the outputs let go as msgpack bytes, the key the peer knows it by
-                _, base, records, before, let_go, reusable = message
+                _, base, records, before, let_go, reusable, _ = message
                 blob = self._blob(records, let_go) if reusable else wire.pack((records, let_go))
                 messages[i] = ("ops", base, tuple(before), blob)
                 ops += len(records)
