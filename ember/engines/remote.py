@@ -201,37 +201,40 @@ class RemoteEngine(Engine):
         run = self._run
         if not pending or pending[-1] is not run:
             run = None
+        else:
+            base, records, before = run[1], run[2], run[3]
+        taken = 0
+        popleft = log.popleft
         while log:
-            name, inputs, in_metas, attrs, tid = log.popleft()
-            if run is None or tid < run[1]:  # a run's outputs are at or past its base (threads may log out of order)
+            name, inputs, in_metas, attrs, tid = popleft()
+            if run is None or tid < base:  # a run's outputs are at or past its base (threads may log out of order)
                 # base, records, inputs made before it (id -> position), outputs let go, reusable bytes, outputs in order
-                run = self._run = ["ops", tid, [], {}, [], True, True]
+                base, records, before = tid, [], {}
+                run = self._run = ["ops", base, records, before, [], True, True]
                 pending.append(run)
-                self._extra -= 1  # the run's message counts as its first op
-            base, records = run[1], run[2]
+                taken -= 1  # the run's message counts as its first op
             refs = []
-            index = 0
             for value in inputs:  # not a zip: a zip of two tuples costs more
                 if type(value) is RemoteHandle:
                     ref = value.id - base
-                    if ref < 0:  # made before the run
-                        before, made = run[3], value.id
-                        ref = before.get(made)
+                    if ref < 0:  # made before the run: its position among the run's inputs
+                        ref = before.get(value.id)
                         if ref is None:
-                            ref = before[made] = len(before)
+                            ref = before[value.id] = len(before)
                         ref = -1 - ref
                     refs.append(ref)
                 else:
-                    refs.append((value, in_metas[index].dtype.name))
+                    refs.append((value, in_metas[len(refs)].dtype.name))
                     if not value or type(value) is complex:
                         run[5] = False  # == cannot tell -0.0 from 0.0: this run's bytes are packed afresh (_blob)
-                index += 1
             if attrs:
                 run[5] = False
-            if tid - base != len(records):
+            out = tid - base
+            if out != len(records):
                 run[6] = False
-            records.append((name, tuple(refs), (tid - base,), attrs))
-            self._extra += 1
+            records.append((name, refs, (out,), attrs))  # a list: msgpack packs it as the tuple it stands for
+            taken += 1
+        self._extra += taken
 
     def _refs(self, op, inputs: tuple, in_metas: tuple) -> tuple:
         """How an op message names ``inputs``: this session's tensor ids, and ``(value, dtype
