@@ -95,6 +95,34 @@ def test_runs_that_differ_only_in_the_sign_of_a_zero_are_sent_each_as_it_is(remo
             for _ in range(3):
                 y = y + zero
             np.testing.assert_array_equal(np.signbit(em.asnumpy(y)), np.signbit(host * zero + zero + zero + zero))
+            filled = em.full((4,), zero, dtype=em.float64, device=remote)  # the zero in an attribute
+            np.testing.assert_array_equal(np.signbit(em.asnumpy(filled)), np.signbit(np.full(4, zero)))
+
+
+def test_equal_runs_reuse_their_bytes_only_when_they_let_the_same_outputs_go(remote):
+    host = np.linspace(0.5, 1, 8)
+    x = em.asarray(host, device=remote)
+    for _ in range(3):
+        y = x * 2
+        z = y + 1
+        del y  # let go in the run
+        np.testing.assert_array_equal(em.asnumpy(z), host * 2 + 1)
+        y = x * 2
+        z = y + 1  # the same records, y kept
+        np.testing.assert_array_equal(em.asnumpy(z), host * 2 + 1)
+        np.testing.assert_array_equal(em.asnumpy(y), host * 2)
+
+
+def test_an_output_a_later_message_reads_is_dropped_after_it_not_let_go_in_its_run(remote):
+    host = np.linspace(0.5, 1, 8)
+    x = em.asarray(host, device=remote)
+    jitted = em.jit(lambda v: v * 2)  # a registered graph: its run message follows the run that made its input
+    for _ in range(3):
+        a = x + 1
+        out = jitted(a)
+        del a
+        np.testing.assert_array_equal(em.asnumpy(out), (host + 1) * 2)
+    assert remote.engine.peer_stats()["session_tensors"] == 2  # x and out
 
 
 def test_reads_of_every_kind(remote):

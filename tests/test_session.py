@@ -605,6 +605,13 @@ def test_outputs_a_run_let_go_are_never_stored_and_a_replay_reserves_only_the_op
     assert session.used == session.live_bytes() == 32
     (reply,) = _replies(_batch(session, ("get", 1, 57)))
     assert reply[2:] == ("ResourceLimitError", "sin: 32 more bytes would exceed this session's quota of 127 bytes (96 in use)")
+    # an output let go that no record reads is freed right after the record that makes it
+    session.limits = replace(session.limits, max_session_bytes=1 << 20)
+    for base in (60, 70, 80):
+        _batch(session, _run(base, (1,), ("negative", (-1,), (0,), {}), ("sin", (-1,), (1,), {}), let_go=[0]))
+        assert set(session.metas) == {1, base + 1} and session.used == session.live_bytes() == 64
+        _batch(session, ("drop", (base + 1,)))
+    assert session.runs_replayed == 3
 
 
 @pytest.mark.parametrize("spoil, kind, message", [

@@ -139,7 +139,7 @@ class RemoteEngine(Engine):
         self._ids = itertools.count(1)
         self._rids = itertools.count(1)
         self._pending: list = []
-        self._run: list | None = None  # the run of ops the batch ends with, while it does (apply)
+        self._run: list | None = None  # the run of ops the batch ends with, while it does (_take_log)
         self._blobs: list = []  # (records, outputs let go, their msgpack) of the runs sent lately, newest first
         self._extra = 0  # ops in the batch beyond one per message (a run holds many)
         self._log: deque = deque()  # (name, inputs, input metas, attrs, output id) of ops not yet in the batch (apply)
