@@ -66,15 +66,6 @@ class RemoteHandle:
 
 _new_handle = object.__new__
 
-_NBYTES: dict = {}  # Meta -> its bytes: the property's product, once per shape and dtype (apply's hot path)
-
-
-def _nbytes(meta: Meta) -> int:
-    if len(_NBYTES) >= 4096:
-        _NBYTES.clear()
-    nbytes = _NBYTES[meta] = meta.nbytes
-    return nbytes
-
 
 class DownloadBuffers:
     """The memory downloads are received into, taken back for the next download of the same size
@@ -424,20 +415,14 @@ class RemoteEngine(Engine):
         self._take_log()  # the log's ops go first (and its inputs' handles, which may now be dropped, let go)
         drops = self._drops
         self._made_bytes = 0
+        ids = [drops.popleft() for _ in range(len(drops))]  # handles dropped meanwhile wait for the next
         run = self._run
-        if drops and run is not None and self._pending and self._pending[-1] is run:
-            ids = [drops.popleft() for _ in range(len(drops))]  # handles dropped meanwhile wait for the next
-            drops.extend(self._let_go(run, ids))
-        while drops:
-            if len(drops) <= DROP_IDS:  # most often: all of them at once (handles dropped meanwhile wait for the next)
-                ids = tuple(drops)
-                for _ in range(len(ids)):
-                    drops.popleft()
-            else:
-                ids = tuple(drops.popleft() for _ in range(DROP_IDS))
-            self._pending.append(("drop", ids))
-            if len(drops) > 0:
+        if ids and run is not None and self._pending and self._pending[-1] is run:
+            ids = self._let_go(run, ids)
+        for start in range(0, len(ids), DROP_IDS):
+            if start:
                 self._send_pending()
+            self._pending.append(("drop", tuple(ids[start:start + DROP_IDS])))
         while self._drops_graph:
             self._pending.append(("forget", self._drops_graph.popleft()))
 

@@ -103,11 +103,12 @@ class RunPlan:
         self.need = need        # the most the op path holds at once: what a replay reserves
 
     @classmethod
-    def compile(cls, session, records: tuple, let_go: tuple, base: int, inputs: tuple) -> RunPlan | bool:
+    def compile(cls, session, records: tuple, let_go: tuple, ended: dict, base: int, inputs: tuple) -> RunPlan | bool:
         """The plan of ``records`` as the session's tensors stand (run once already), or NOT_COMPILED
         where a record is one the plan does not take: several outputs, a data-dependent size,
         kernel scratch, an output over the tensor limit, an input that failed. The outputs
-        ``let_go`` are the plan's own: freed after their last use, or written over in place."""
+        ``let_go`` are the plan's own: freed after their last use (``ended``, what :func:`endings`
+        made of them), or written over in place."""
         made: set = set()
         known: dict = {}  # relative reference -> meta, of every input
         for _, refs, outs, _ in records:
@@ -135,8 +136,7 @@ class RunPlan:
             return NOT_COMPILED
         going = set(let_go)
         kept = list(dict.fromkeys(o for o in outputs if o not in going))
-        ended, held = endings(records, let_go), 0
-        need = 0  # the op path's peak: every output made so far, less those let go after their last use
+        held = need = 0  # the op path's peak: every output made so far, less those let go after their last use
         for index, (_, _, _, _, _, out_metas) in enumerate(checked):
             held += out_metas[0].nbytes
             need = max(need, held)
@@ -164,10 +164,8 @@ class RunPlan:
             if value is None or metas.get(tid) != meta:  # missing, failed (no meta), or another shape or dtype
                 return False
             values.append(value)
-        ids = [base + o for o in self.outputs]
-        for tid in ids:
-            if tid in sizes:  # in use, or being fetched: the op path writes over it
-                return False
+        if any(base + o in sizes for o in self.outputs):  # in use, or being fetched: the op path writes over it
+            return False
         need = self.need
         if session._reserve(need) is not None:  # no room: the op path refuses the op that does not fit
             return False
@@ -183,6 +181,6 @@ class RunPlan:
             tensors[tid] = value
             metas[tid] = meta
             sizes[tid] = size
-        session.ops += len(ids)
+        session.ops += len(self.outputs)
         session.runs_replayed += 1
         return True

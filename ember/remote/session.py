@@ -498,7 +498,7 @@ class Session:
                 self.runs.clear()
             self.runs[blob] = 1
         elif type(known) is int:  # the second sighting
-            self.runs[blob] = RunPlan.compile(self, records, let_go, base, inputs)
+            self.runs[blob] = RunPlan.compile(self, records, let_go, ended, base, inputs)
 
     def _keep(self, outputs: tuple, values, out_metas: tuple, reserved: int, partly: bool = True) -> None:
         """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs (all
