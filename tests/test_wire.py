@@ -328,6 +328,36 @@ def _tcp_pair():
     return TcpConnection(near, timeout=10), far
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
+def test_receives_and_sends_time_out_each_by_its_own_limit(monkeypatch, kernel):
+    """Plain TCP on Linux keeps a blocking socket with the kernel's timeouts (one system call a
+    receive); TLS, and other systems, keep Python's. Either way: a receive's timeout is its own,
+    the connection's is the default, and a send to a peer that reads nothing times out too."""
+    import sys
+    import time
+
+    from ember.wire import tcp
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and sys.platform == "linux")
+    connection, far = _tcp_pair()
+    try:
+        assert connection._kernel is (kernel and sys.platform == "linux")
+        connection.set_timeout(0.3)
+        for timeout in (0.2, None):  # its own, then the connection's
+            started = time.monotonic()
+            with pytest.raises(tcp.TimedOut, match="timed out waiting for the peer"):
+                connection.receive(timeout)
+            assert 0.15 < time.monotonic() - started < 5
+        far.sendall(_bytes({"t": "reply", "n": 1}))
+        assert connection.receive(30).header == {"t": "reply", "n": 1}  # a long limit returns at once
+        started = time.monotonic()
+        with pytest.raises(errors.ConnectionLost, match="connection lost while sending"):
+            connection.send(wire.encode_frame({"t": "batch"}, [np.zeros(64 << 20, np.uint8)]))  # far reads nothing
+        assert 0.25 < time.monotonic() - started < 10  # the connection's 0.3 s, not the last receive's 30 s
+    finally:
+        connection.close()
+        far.close()
+
+
 def test_a_spin_wait_sees_a_frame_arrive_and_reads_none_of_it():
     import threading
     import time

@@ -534,7 +534,7 @@ class RemoteEngine(Engine):
     def _wait(self, rid: int, want_segments: bool):
         """Send the batch and wait for reply ``rid``."""
         with self._lock:
-            self.flush()
+            self._send_pending()  # _call queued the drops, under the same lock
             self.counters["round_trips"] += 1
             spin_wait(self.connection, self.spin)  # a small reply comes back in microseconds: catch it awake
             while True:

@@ -286,7 +286,8 @@ class Server:
                     return None, False
                 connection = accept_websocket(sock, HANDSHAKE_LIMITS, pool.allocate, request.raw, deadline)
             else:
-                connection = TcpConnection(sock, HANDSHAKE_LIMITS, None, pool.allocate, received)
+                # sends within the handshake's time too; each receive waits until its deadline at most
+                connection = TcpConnection(sock, HANDSHAKE_LIMITS, wait_limit(None, deadline), pool.allocate, received)
                 connection.deadline = deadline
         except BaseException:
             sock.close()
@@ -332,7 +333,7 @@ class Server:
             connection.set_limits(self.limits)
             connection.reader.allocate = session.allocate  # received tensors count against its quota and the budget
             session.runner = self._start_fetch  # fetches from other peers run beside the session
-            connection.sock.settimeout(self.idle_timeout)
+            connection.set_timeout(self.idle_timeout)
             if info.get("keepalive"):
                 link.interval = info["keepalive"]
                 self._heartbeat.add(link)

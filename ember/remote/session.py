@@ -359,22 +359,26 @@ class Session:
                 self.granted -= nbytes
                 self._give(nbytes)
         self._sent = {}
-        self._reasons = {i: self._declined.popleft() if self._declined else "declined"
-                         for i, segment in enumerate(frame.segments) if segment is None}
-        if frame.segments:
-            self.bytes_in += sum(s.nbytes for s in frame.segments if s is not None)
-        try:
+        if not frame.segments:  # most frames: ops, drops and reads
+            self._reasons = {}
             replies = self._handle(frame)
-            if replies:  # the client waits for each reply: one round trip
-                self.round_trips += 1
-                self.bytes_out += sum(s.nbytes for _, segments in replies for s in segments)
-            return replies
-        finally:  # received tensors no message kept (a refused frame, an unused segment) count no more
-            received = self._received
-            for segment in frame.segments:
-                nbytes = received.pop(id(segment), 0) if segment is not None else 0
-                if nbytes:
-                    self._give(nbytes)
+        else:
+            self._reasons = {i: self._declined.popleft() if self._declined else "declined"
+                             for i, segment in enumerate(frame.segments) if segment is None}
+            self.bytes_in += sum(s.nbytes for s in frame.segments if s is not None)
+            try:
+                replies = self._handle(frame)
+            finally:  # received tensors no message kept (a refused frame, an unused segment) count no more
+                received = self._received
+                for segment in frame.segments:
+                    nbytes = received.pop(id(segment), 0) if segment is not None else 0
+                    if nbytes:
+                        self._give(nbytes)
+        for _, segments in replies:  # the client waits for each reply: one round trip
+            self.round_trips += 1
+            for segment in segments:
+                self.bytes_out += segment.nbytes
+        return replies
 
     def _handle(self, frame: Frame) -> list[tuple[dict, list]]:
         header = frame.header

@@ -166,15 +166,23 @@ def segment_descriptor(array: np.ndarray) -> tuple:
     return (_NAMES[array.dtype], array.shape)
 
 
+def bytes_of(array: np.ndarray) -> memoryview:
+    """An array's bytes in C order: a view of a C-contiguous array, else of a contiguous copy (a
+    strided or broadcast 1-d view is not made contiguous by ``reshape(-1)``)."""
+    try:
+        return memoryview(array).cast("B")  # raises for a strided, broadcast or empty array
+    except (TypeError, ValueError):
+        return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
 def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
     """A frame as buffers for a scatter-gather send: prefix, header, then each segment's bytes
     (no copies of contiguous arrays)."""
-    views = []
-    if segments:
-        header = {**header, "seg": [segment_descriptor(s) for s in segments]}
-        # bytes in C order: a view of a contiguous tensor, a copy of any other (a strided or broadcast
-        # 1-d view is not made contiguous by reshape(-1))
-        views.extend(memoryview(np.ascontiguousarray(s).reshape(-1).view(np.uint8)) for s in segments)
+    if not segments:
+        body = pack(header)
+        return [_PREFIX.pack(MAGIC, len(body), 0) + body]
+    header = {**header, "seg": [(_NAMES[s.dtype], s.shape) for s in segments]}
+    views = [bytes_of(s) for s in segments]
     body = pack(header)
     payload = sum(v.nbytes for v in views)
     return [_PREFIX.pack(MAGIC, len(body), payload) + body, *views]
@@ -191,15 +199,16 @@ def _segment_arrays(descriptors, limits: Limits, allocate=np.empty) -> tuple[lis
         try:
             name, shape = item
             dtype = _NUMPY[name]
-            shape = tuple(int(s) for s in shape)
+            shape = tuple(map(int, shape))
         except (KeyError, TypeError, ValueError):
             raise ProtocolError(f"bad segment descriptor {item!r:.80}") from None
-        if len(shape) > 64 or any(s < 0 for s in shape):
+        if len(shape) > 64 or (shape and min(shape) < 0):
             raise ProtocolError(f"bad segment shape {shape!r:.80}")
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > limits.max_tensor_bytes:
             raise ProtocolError(f"a tensor of {nbytes} bytes exceeds the limit of {limits.max_tensor_bytes} bytes")
-        if math.prod(s for s in shape if s) * dtype.itemsize > limits.max_tensor_bytes:  # NumPy refuses these too
+        # an empty shape's other extents are bounded too (NumPy refuses these); a nonempty one's are its size
+        if not nbytes and math.prod(s for s in shape if s) * dtype.itemsize > limits.max_tensor_bytes:
             raise ProtocolError(f"bad segment shape {shape!r:.80}: empty, but its other extents exceed the tensor limit")
         try:
             arrays.append(allocate(shape, dtype))
@@ -295,7 +304,7 @@ class FrameReader:
             raise ProtocolError(f"segments disagree with the payload length {payload}")
         for a, nbytes in zip(arrays, sizes):
             if nbytes and a is not None:
-                a.reshape(-1).view(np.uint8)[:] = data[offset:offset + nbytes]
+                bytes_of(a)[:] = data[offset:offset + nbytes]  # the arrays allocated are C-contiguous
             offset += nbytes
         return Frame(header, arrays), end
 

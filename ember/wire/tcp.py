@@ -8,10 +8,13 @@ go through a scratch buffer so a small frame costs one system call. Sends are sc
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import socket
 import ssl
+import struct
+import sys
 import time
 from collections import deque
 
@@ -22,6 +25,10 @@ from .tls import wrap_client
 _DIRECT = 1 << 16  # receive regions at least this large go straight into their array
 _IOV_MAX = 512
 _JOIN = 1 << 16    # over TLS, buffers smaller than this are joined into one write (one record, not many)
+# plain TCP on Linux: a blocking socket with the kernel's own timeouts (a struct timeval of two longs), so that a
+# receive is one recv and a send one sendmsg; Python's timeouts poll the socket before each (a system call more)
+_KERNEL_TIMEOUTS = sys.platform == "linux"
+_TIMEVAL = struct.Struct("@ll")
 
 
 class TimedOut(ConnectionLost):
@@ -84,6 +91,13 @@ def spin_wait(connection, seconds: float) -> bool:
     return True
 
 
+def _timeval(seconds: float | None) -> bytes:
+    """A kernel socket timeout: zero is none; a positive one is at least a microsecond."""
+    if seconds is None:
+        return _TIMEVAL.pack(0, 0)
+    return _TIMEVAL.pack(*divmod(max(1, math.ceil(seconds * 1e6)), 1_000_000))
+
+
 def tune(sock: socket.socket) -> None:
     """No Nagle delay; keepalive so a vanished host is noticed even while idle."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -93,11 +107,20 @@ def tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def waiting(sock: socket.socket) -> bool:
-    """Whether bytes (or the end of the stream) wait on ``sock``, so a read would not block:
-    asked without waiting, of decrypted TLS bytes too."""
+def readiness(sock: socket.socket):
+    """A function answering, without waiting, whether bytes (or the end of the stream) wait on
+    ``sock``, so a read would not block, decrypted TLS bytes too. Where the platform has
+    ``poll``, the socket is registered once: a poll costs half a ``select`` of it, and a wait for
+    a reply asks many times (:func:`spin_wait`). A closed socket counts as readable."""
     pending = getattr(sock, "pending", None)  # TLS: bytes decrypted but not yet read
-    return bool(pending and pending()) or bool(select.select([sock], [], [], 0)[0])
+    if not hasattr(select, "poll"):
+        return lambda: bool(pending and pending()) or bool(select.select([sock], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poll = poller.poll
+    if pending is not None:
+        return lambda: bool(pending() or poll(0))
+    return lambda: bool(poll(0))
 
 
 class TcpConnection:
@@ -111,13 +134,32 @@ class TcpConnection:
     def __init__(self, sock: socket.socket, limits: Limits = Limits(), timeout: float | None = None, allocate=None,
                  received: bytes = b""):
         tune(sock)
-        sock.settimeout(timeout)
         self.sock = sock
         self.reader = FrameReader(limits, allocate) if allocate else FrameReader(limits)
         self._frames: deque[Frame] = deque(self.reader.feed(received))
         self._scratch = bytearray(_DIRECT)
         self._closed = False
         self._tls = isinstance(sock, ssl.SSLSocket)
+        # a blocking TLS socket would retry a partial record past any kernel timeout: TLS keeps Python's
+        self._kernel = _KERNEL_TIMEOUTS and not self._tls
+        self._receive_limit: float | None = None  # the kernel's receive timeout now (None: none)
+        self._waiting = readiness(sock)
+        self.set_timeout(timeout)
+
+    def set_timeout(self, seconds: float | None) -> None:
+        """The longest a send, or a wait for bytes, lasts (None: no limit); then TimedOut."""
+        self.timeout = seconds
+        if not self._kernel:
+            self.sock.settimeout(seconds)
+            return
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(seconds))
+        self._limit_receive(seconds)
+
+    def _limit_receive(self, seconds: float | None) -> None:
+        if seconds != self._receive_limit:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
+            self._receive_limit = seconds
 
     def set_limits(self, limits: Limits) -> None:
         self.reader.limits = limits
@@ -161,18 +203,23 @@ class TcpConnection:
 
     def readable(self) -> bool:
         """Whether a frame, or the connection's end, waits to be received (asked without waiting)."""
-        return bool(self._frames) or waiting(self.sock)
+        return bool(self._frames) or self._waiting()
 
     def receive(self, timeout: float | None = None) -> Frame:
         """The next frame (blocking). Each wait for bytes lasts at most ``timeout`` seconds (default:
-        the socket's timeout) and never past ``deadline``; then TimedOut."""
-        previous = self.sock.gettimeout()
+        the connection's timeout) and never past ``deadline``; then TimedOut."""
+        limited = False
         try:
             while not self._frames:
                 target = self.reader.buffer()
                 limit = wait_limit(timeout, self.deadline)
-                if limit is not None:
+                if limit is None:
+                    limit = self.timeout
+                if self._kernel:  # kept for the next receive: sends have a timeout of their own
+                    self._limit_receive(limit)
+                elif limit != self.timeout:
                     self.sock.settimeout(limit)
+                    limited = True
                 try:
                     if target.nbytes >= _DIRECT:
                         n = self.sock.recv_into(target)
@@ -180,7 +227,7 @@ class TcpConnection:
                     else:
                         n = self.sock.recv_into(self._scratch)
                         frames = self.reader.feed(memoryview(self._scratch)[:n]) if n else None
-                except TimeoutError:
+                except (TimeoutError, BlockingIOError):  # BlockingIOError: the kernel's timeout
                     raise TimedOut("timed out waiting for the peer") from None
                 except OSError as error:
                     raise ConnectionLost(f"connection lost: {error}") from None
@@ -188,8 +235,8 @@ class TcpConnection:
                     raise ConnectionLost("the peer closed the connection")
                 self._frames.extend(frames)
         finally:
-            if timeout is not None:
-                self.sock.settimeout(previous)  # sends keep their own timeout
+            if limited:
+                self.sock.settimeout(self.timeout)  # sends keep their own timeout
         return self._frames.popleft()
 
     def close(self) -> None:

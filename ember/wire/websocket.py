@@ -21,7 +21,7 @@ from websockets.uri import parse_uri
 
 from ..errors import ConnectionLost, ProtocolError
 from .protocol import PREFIX_SIZE, Frame, FrameReader, Limits
-from .tcp import TimedOut, tune, wait_limit, waiting
+from .tcp import TimedOut, readiness, tune, wait_limit
 from .tls import wrap_client
 
 _CHUNK = 4 << 20
@@ -42,6 +42,7 @@ class WebSocketConnection:
 
     def __init__(self, sock: socket.socket, protocol, limits: Limits = Limits(), allocate=None):
         self.sock = sock
+        self._waiting = readiness(sock)
         self.protocol = protocol
         self.reader = FrameReader(limits, allocate) if allocate else FrameReader(limits)
         self._frames: deque[Frame] = deque()
@@ -119,9 +120,13 @@ class WebSocketConnection:
             raise ConnectionLost(f"the WebSocket closed: {self.protocol.close_exc}")
         return events
 
+    def set_timeout(self, seconds: float | None) -> None:
+        """The longest a send, or a wait for bytes, lasts (None: no limit); then TimedOut."""
+        self.sock.settimeout(seconds)
+
     def readable(self) -> bool:
         """Whether a frame, or the connection's end, waits to be received (asked without waiting)."""
-        return bool(self._frames) or self._peer_closed or waiting(self.sock)
+        return bool(self._frames) or self._peer_closed or self._waiting()
 
     def receive(self, timeout: float | None = None) -> Frame:
         """The next frame (blocking). Each wait for bytes lasts at most ``timeout`` seconds (default:
