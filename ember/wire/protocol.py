@@ -64,6 +64,9 @@ class Frame(NamedTuple):
     segments: list
 
 
+_tuple_new = tuple.__new__  # a Frame without the Python call of its __new__ (the reader's hot path)
+
+
 # --- codec ------------------------------------------------------------------------------------
 
 def _default(value):
@@ -132,6 +135,7 @@ def unpack(data):
     (headers, attributes) hold at most 1024 entries and extensions 64 bytes. Extension types
     other than ember's two — msgpack's timestamp (-1) included — are refused.
     """
+    data = bytes(data)
     try:
         value = msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=True, ext_hook=_ext_hook,
                                 max_map_len=1 << 10, max_ext_len=64)
@@ -139,7 +143,8 @@ def unpack(data):
         raise
     except Exception as error:  # msgpack raises several types on malformed input
         raise ProtocolError(f"malformed header: {type(error).__name__}: {error}") from None
-    if maybe_timestamp(data) and _holds_timestamp(value):  # rare: the bytes also occur inside other values
+    # every timestamp has a 0xff byte (its type), which many headers lack: those need no search
+    if b"\xff" in data and maybe_timestamp(data) and _holds_timestamp(value):  # the bytes also occur in other values
         raise ProtocolError("unknown msgpack extension type -1 (a timestamp)")
     return value
 
@@ -181,11 +186,15 @@ def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
     if not segments:
         body = pack(header)
         return [_PREFIX.pack(MAGIC, len(body), 0) + body]
-    header = {**header, "seg": [(_NAMES[s.dtype], s.shape) for s in segments]}
-    views = [bytes_of(s) for s in segments]
-    body = pack(header)
-    payload = sum(v.nbytes for v in views)
-    return [_PREFIX.pack(MAGIC, len(body), payload) + body, *views]
+    descriptors, buffers, payload = [], [None], 0
+    for array in segments:
+        descriptors.append((_NAMES[array.dtype], array.shape))
+        view = bytes_of(array)
+        buffers.append(view)
+        payload += view.nbytes
+    body = pack({**header, "seg": descriptors})
+    buffers[0] = _PREFIX.pack(MAGIC, len(body), payload) + body
+    return buffers
 
 
 def _segment_arrays(descriptors, limits: Limits, allocate=np.empty) -> tuple[list, list[int]]:
@@ -291,14 +300,21 @@ class FrameReader:
     def _whole_frame(self, data: memoryview) -> tuple[Frame | None, int]:
         """Parse a frame that lies entirely in ``data``: (frame, bytes used), or (None, 0)."""
         magic, header_len, payload = _PREFIX.unpack_from(data)
-        self._check_prefix(magic, header_len, payload)
+        limits = self.limits
+        if magic != MAGIC or header_len > limits.max_header_bytes or payload + header_len > limits.max_frame_bytes:
+            self._check_prefix(magic, header_len, payload)  # raises, naming what is wrong
         end = PREFIX_SIZE + header_len + payload
         if data.nbytes < end:
             return None, 0
         header = unpack(data[PREFIX_SIZE:PREFIX_SIZE + header_len]) if header_len else {}
-        if not isinstance(header, dict):
+        if type(header) is not dict:
             raise ProtocolError("a frame header must be a map")
-        arrays, sizes = _segment_arrays(header.get("seg", ()), self.limits, self.allocate)
+        descriptors = header.get("seg")
+        if descriptors is None:  # most frames a peer receives: no tensors
+            if payload:
+                raise ProtocolError(f"segments disagree with the payload length {payload}")
+            return _tuple_new(Frame, (header, [])), end
+        arrays, sizes = _segment_arrays(descriptors, limits, self.allocate)
         offset = PREFIX_SIZE + header_len
         if sum(sizes) != payload:
             raise ProtocolError(f"segments disagree with the payload length {payload}")
@@ -306,7 +322,7 @@ class FrameReader:
             if nbytes and a is not None:
                 bytes_of(a)[:] = data[offset:offset + nbytes]  # the arrays allocated are C-contiguous
             offset += nbytes
-        return Frame(header, arrays), end
+        return _tuple_new(Frame, (header, arrays)), end
 
     def _next_stage(self) -> Frame | None:
         limits = self.limits
