@@ -45,6 +45,19 @@ def remote(request, peer):
     return em.device(peer.url(request.param))
 
 
+def test_tensors_larger_than_a_receive_arrive_whole_and_small_frames_follow_them(remote):
+    """A WebSocket connection reads into a buffer of its own, 256 KiB at a time: a tensor of many
+    such reads, in a message of several fragments, comes back whole, and so do the small frames
+    after it, on either transport."""
+    from ember.wire import websocket
+    host = np.random.default_rng(1).random(3 * websocket._FRAGMENT // 8 + 12_345)  # float64: 3 fragments and a part
+    assert host.nbytes > 8 * websocket._CHUNK
+    x = em.asarray(host, device=remote)
+    np.testing.assert_array_equal(em.asnumpy(x * 2.0), host * 2.0)
+    for k in range(3):
+        assert float(em.asnumpy(x[k] + 1.0)) == host[k] + 1.0
+
+
 def test_a_chain_and_one_read_cost_one_round_trip(remote):
     host = np.linspace(0, 1, 1000, dtype=np.float32)
     x = em.asarray(host, device=remote)
