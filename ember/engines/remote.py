@@ -430,14 +430,23 @@ class RemoteEngine(Engine):
         """Note each of ``ids`` that is an output of ``run`` in it (its fifth item, as relative ids);
         return the others. A run's outputs are ids from its base up, in order, though another
         thread's upload may take one between them."""
-        base, records = run[1], run[2]
-        last = base + records[-1][2][0]
+        base, records, let_go = run[1], run[2], run[4]
+        others = []
         if run[6]:  # its outputs are base … last, in order, as a run most often has
-            run[4].extend([tid - base for tid in ids if base <= tid <= last])
-            return [tid for tid in ids if not base <= tid <= last]
+            last = base + records[-1][2][0]
+            for tid in ids:
+                if base <= tid <= last:
+                    let_go.append(tid - base)
+                else:
+                    others.append(tid)
+            return others
         outputs = {base + r[2][0] for r in records}
-        run[4].extend([tid - base for tid in ids if tid in outputs])
-        return [tid for tid in ids if tid not in outputs]
+        for tid in ids:
+            if tid in outputs:
+                let_go.append(tid - base)
+            else:
+                others.append(tid)
+        return others
 
     def flush(self) -> None:
         """Send every pending message now."""
@@ -559,7 +568,10 @@ class RemoteEngine(Engine):
         """Count a received frame and return its header; the peer's end of the session is raised
         as this session's loss, with its reason."""
         self._last_io, self.recheck = _clock(), True
-        self.counters["bytes_down"] += wire.PREFIX_SIZE + sum(s.nbytes for s in frame.segments)
+        received = wire.PREFIX_SIZE
+        for segment in frame.segments:
+            received += segment.nbytes
+        self.counters["bytes_down"] += received
         header = frame.header
         kind = header.get("t")
         if kind == "alive":  # the peer is still working on what we (or a batch before) wait for

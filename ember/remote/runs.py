@@ -164,8 +164,9 @@ class RunPlan:
             if value is None or metas.get(tid) != meta:  # missing, failed (no meta), or another shape or dtype
                 return False
             values.append(value)
-        if any(base + o in sizes for o in self.outputs):  # in use, or being fetched: the op path writes over it
-            return False
+        for ref in self.outputs:
+            if base + ref in sizes:  # in use, or being fetched: the op path writes over it
+                return False
         need = self.need
         if session._reserve(need) is not None:  # no room: the op path refuses the op that does not fit
             return False
