@@ -128,6 +128,18 @@ def test_a_non_contiguous_tensor_is_sent_by_value(tensor):
     np.testing.assert_array_equal(frame.segments[0], tensor)
 
 
+def test_a_small_frame_is_one_buffer_and_a_large_tensor_is_sent_from_its_own_memory():
+    small = np.arange(6, dtype=np.float32)
+    (one,) = wire.encode_frame({"t": "reply"}, [small, small[::2]])  # one write: what a round trip's reply is
+    (frame,) = FrameReader().feed(one)
+    np.testing.assert_array_equal(frame.segments[1], small[::2])
+    big = np.arange(wire._SMALL // 8 + 1, dtype=np.float64)  # one element past the copying size
+    prefix, view = wire.encode_frame({"t": "reply"}, [big])
+    assert np.shares_memory(np.frombuffer(view, np.float64), big)  # a view, no copy
+    (frame,) = FrameReader().feed(bytes(prefix) + bytes(view))
+    np.testing.assert_array_equal(frame.segments[0], big)
+
+
 def test_a_finished_frames_tensors_are_held_by_the_frame_alone():
     """Was: the reader kept the last frame's arrays until the next frame's header, so a client's
     download buffers (reused only once nothing refers to them) were never free for the next read."""

@@ -180,9 +180,12 @@ def bytes_of(array: np.ndarray) -> memoryview:
         return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
 
+_SMALL = 4096  # tensors of a frame up to this many bytes in all are copied into its first buffer
+
+
 def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
     """A frame as buffers for a scatter-gather send: prefix, header, then each segment's bytes
-    (no copies of contiguous arrays)."""
+    (no copies of contiguous arrays); a small frame (a reply of a few values) as one buffer."""
     if not segments:
         body = pack(header)
         return [_PREFIX.pack(MAGIC, len(body), 0) + body]
@@ -194,6 +197,8 @@ def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
         payload += view.nbytes
     body = pack({**header, "seg": descriptors})
     buffers[0] = _PREFIX.pack(MAGIC, len(body), payload) + body
+    if payload <= _SMALL:
+        return [b"".join(buffers)]
     return buffers
 
 

@@ -166,9 +166,16 @@ class TcpConnection:
 
     def send(self, buffers: list) -> int:
         """Send a frame's buffers; returns the bytes sent."""
-        views = [memoryview(b).cast("B") for b in buffers]
-        total = sum(v.nbytes for v in views)
+        total = 0
         try:
+            if len(buffers) == 1 and type(buffers[0]) is bytes:  # a small frame (encode_frame): most often one write
+                data = buffers[0]
+                total = self.sock.send(data)
+                if total == len(data):
+                    return total
+                buffers = [memoryview(data)[total:]]
+            views = [memoryview(b).cast("B") for b in buffers]
+            total += sum(v.nbytes for v in views)
             (self._send_joined if self._tls else self._send_gathered)(views)
         except (OSError, ValueError) as error:
             raise ConnectionLost(f"connection lost while sending: {error}") from None
