@@ -361,10 +361,46 @@ def test_receives_and_sends_time_out_each_by_its_own_limit(monkeypatch, kernel):
             assert 0.15 < time.monotonic() - started < 5
         far.sendall(_bytes({"t": "reply", "n": 1}))
         assert connection.receive(30).header == {"t": "reply", "n": 1}  # a long limit returns at once
+        big = np.arange(1 << 16, dtype=np.float32)  # 256 KiB: received straight into its array, as with Python's timeouts
+        assert big.nbytes > tcp._DIRECT
+        far.sendall(_bytes({"t": "reply", "n": 2}, [big]))
+        frame = connection.receive(30)
+        assert frame.header["n"] == 2 and np.array_equal(frame.segments[0], big)
+        data = _bytes({"t": "reply", "n": 3}, [big])
+        far.sendall(data[:len(data) // 2])  # half a large frame, then nothing
+        started = time.monotonic()
+        with pytest.raises(tcp.TimedOut, match="timed out waiting for the peer"):
+            connection.receive(0.2)
+        assert 0.15 < time.monotonic() - started < 5
+        assert connection.sock.gettimeout() == (None if connection._kernel else 0.3)  # as it was before the receive
         started = time.monotonic()
         with pytest.raises(errors.ConnectionLost, match="connection lost while sending"):
             connection.send(wire.encode_frame({"t": "batch"}, [np.zeros(64 << 20, np.uint8)]))  # far reads nothing
         assert 0.25 < time.monotonic() - started < 10  # the connection's 0.3 s, not the last receive's 30 s
+    finally:
+        connection.close()
+        far.close()
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
+def test_small_sends_time_out_once_the_far_end_reads_nothing(monkeypatch, kernel):
+    """Small frames go in one send each (one buffer): once the far end's buffers are full, a send
+    waits the connection's timeout and no longer."""
+    import sys
+    import time
+
+    from ember.wire import tcp
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and sys.platform == "linux")
+    connection, far = _tcp_pair()
+    try:
+        connection.set_timeout(0.3)
+        small = wire.encode_frame({"t": "batch"}, [np.zeros(2000, np.uint8)])
+        assert len(small) == 1
+        started = time.monotonic()
+        with pytest.raises(errors.ConnectionLost, match="connection lost while sending"):
+            for _ in range(1_000_000):  # far reads nothing: its buffers fill within a few MB
+                connection.send(small)
+        assert time.monotonic() - started < 30
     finally:
         connection.close()
         far.close()
