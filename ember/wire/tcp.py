@@ -1,9 +1,11 @@
 """The TCP shell: moves frames over a connected socket. Protocol logic lives in protocol.py.
 
 Large tensor segments are received straight into their arrays (``recv_into``); small stages
-go through a scratch buffer so a small frame costs one system call. Sends are scatter-gather
-(``sendmsg``), so tensor bytes are never joined into one buffer. Over TLS, which has no
-``sendmsg``, small buffers are joined into one write and large ones written as they are.
+go through a scratch buffer so a small frame costs one system call. A small frame comes from
+``encode_frame`` as one buffer and goes in one ``send``; a larger one is sent scatter-gather
+(``sendmsg``), so its tensors' bytes are never joined into one buffer. Over TLS, which has no
+``sendmsg``, small buffers are joined into one write and large ones written as they are. Plain
+TCP on Linux keeps the socket blocking, with the kernel's timeouts (``TcpConnection``).
 """
 
 from __future__ import annotations
@@ -127,7 +129,12 @@ def readiness(sock: socket.socket):
 class TcpConnection:
     """Frames over a TCP socket, plain or TLS, for either end; ``received`` holds bytes of the
     stream already read from the socket (a server telling TCP from WebSocket over TLS). While
-    ``deadline`` is set (a ``time.monotonic()`` value: a server's handshake), no read waits past it."""
+    ``deadline`` is set (a ``time.monotonic()`` value: a server's handshake), no read waits past it.
+
+    ``timeout`` bounds each send and each wait for bytes. Plain TCP on Linux keeps the socket
+    blocking and has the kernel enforce it (``SO_SNDTIMEO``, ``SO_RCVTIMEO``: a small frame's
+    receive is one ``recv``, where Python's timeouts poll before each call); frames of 1 MiB or
+    more, and tensors of 64 KiB or more, move with Python's timeouts, which moved more a second."""
 
     transport = "tcp"
     deadline: float | None = None
