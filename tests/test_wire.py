@@ -406,13 +406,24 @@ def test_small_sends_time_out_once_the_far_end_reads_nothing(monkeypatch, kernel
         far.close()
 
 
-def test_a_spin_wait_sees_a_frame_arrive_and_reads_none_of_it():
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
+def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(monkeypatch, kernel):
+    import sys
     import threading
     import time
 
+    from ember.wire import tcp
     from ember.wire.tcp import spin_wait
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and sys.platform == "linux")
     connection, far = _tcp_pair()
     try:
+        data = _bytes({"t": "reply", "n": 0})
+        far.sendall(data[:7])  # part of a frame: with the kernel's timeouts polling reads it, and finds no frame
+        time.sleep(0.05)
+        assert spin_wait(connection, 0.002) is not connection._kernel  # with Python's, bytes wait: a receive's turn
+        far.sendall(data[7:])
+        assert spin_wait(connection, 5)
+        assert connection.receive().header == {"t": "reply", "n": 0}
         started = time.monotonic()
         assert not spin_wait(connection, 0) and not spin_wait(connection, 0.002)  # nothing came …
         assert time.monotonic() - started < 5  # … and the window ended the polling
@@ -420,7 +431,7 @@ def test_a_spin_wait_sees_a_frame_arrive_and_reads_none_of_it():
         time.sleep(0.05)
         assert not spin_wait(connection, 0)  # a window of 0 (EMBER_SPIN_US=0) never polls
         assert spin_wait(connection, 5)
-        assert connection.receive().header == {"t": "reply", "n": 1}  # polling read no byte of it
+        assert connection.receive().header == {"t": "reply", "n": 1}  # the frame polling saw, whole
         later = threading.Timer(0.05, lambda: far.sendall(_bytes({"t": "reply", "n": 2})))
         started = time.monotonic()
         later.start()
@@ -434,6 +445,18 @@ def test_a_spin_wait_sees_a_frame_arrive_and_reads_none_of_it():
     finally:
         connection.close()
         far.close()
+    connection, far = _tcp_pair()
+    try:
+        far.sendall(_bytes({"t": "error", "reason": "bye"}))
+        far.close()  # the peer's last frame, then the end of the stream
+        time.sleep(0.05)
+        assert spin_wait(connection, 5)
+        assert connection.receive().header == {"t": "error", "reason": "bye"}  # what came before the end first
+        assert spin_wait(connection, 5)
+        with pytest.raises(errors.ConnectionLost, match="the peer closed the connection"):
+            connection.receive()
+    finally:
+        connection.close()
 
 
 def test_the_spin_window_comes_from_the_environment(monkeypatch):

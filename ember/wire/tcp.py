@@ -79,8 +79,10 @@ def spin_wait(connection, seconds: float) -> bool:
     For a reply expected within microseconds: a thread that sleeps in the kernel must be woken,
     and where the CPU it slept on has gone idle (a VM's vCPU halts), that wake-up costs tens of
     microseconds, more than a small op's whole round trip. Yielding keeps a peer that shares the
-    CPU running. Then the caller receives as it would have; polling never reads a byte, and a
-    socket closed meanwhile (a server stopping) counts as readable, for the receive to report."""
+    CPU running. Then the caller receives as it would have: polling either reads nothing or
+    (plain TCP with the kernel's timeouts) reads what came into the connection's own frame reader,
+    and a socket closed meanwhile (a server stopping), or the stream's end, counts as readable, for
+    the receive to report."""
     if seconds <= 0:
         return False
     end = time.perf_counter() + seconds
@@ -147,6 +149,7 @@ class TcpConnection:
         self._frames: deque[Frame] = deque(self.reader.feed(received))
         self._scratch = bytearray(_DIRECT)
         self._closed = False
+        self._ended = False  # the stream's end came (readable() found it)
         self._tls = isinstance(sock, ssl.SSLSocket)
         # a blocking TLS socket would retry a partial record past any kernel timeout: TLS keeps Python's
         self._kernel = _KERNEL_TIMEOUTS and not self._tls
@@ -228,8 +231,24 @@ class TcpConnection:
             self.sock.sendall(b"".join(small))
 
     def readable(self) -> bool:
-        """Whether a frame, or the connection's end, waits to be received (asked without waiting)."""
-        return bool(self._frames) or self._waiting()
+        """Whether a frame, or the connection's end, waits to be received (asked without waiting).
+        With the kernel's timeouts, between tensors, what has come is read at once, without
+        waiting (a poll and then a receive would cost a system call more)."""
+        if self._frames or self._ended:
+            return True
+        if not self._kernel or self.reader.buffer().nbytes >= _DIRECT:
+            return self._waiting()
+        try:
+            n = self.sock.recv_into(self._scratch, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # receive() reports it
+        if not n:
+            self._ended = True
+            return True
+        self._frames.extend(self.reader.feed(memoryview(self._scratch)[:n]))
+        return bool(self._frames)
 
     def receive(self, timeout: float | None = None) -> Frame:
         """The next frame (blocking). Each wait for bytes lasts at most ``timeout`` seconds (default:
@@ -237,6 +256,8 @@ class TcpConnection:
         restore = False  # whether this receive set a Python timeout, to take back
         try:
             while not self._frames:
+                if self._ended:  # found by readable()
+                    raise ConnectionLost("the peer closed the connection")
                 target = self.reader.buffer()
                 limit = wait_limit(timeout, self.deadline)
                 if limit is None:
