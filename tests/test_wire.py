@@ -383,6 +383,25 @@ def test_receives_and_sends_time_out_each_by_its_own_limit(monkeypatch, kernel):
 
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
+def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(monkeypatch, kernel):
+    import sys
+    import threading
+
+    from ember.wire import tcp
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and sys.platform == "linux")
+    connection, far = _tcp_pair()
+    try:
+        connection.set_timeout(None)  # a peer's --idle-timeout 0
+        later = threading.Timer(1.2, lambda: far.sendall(_bytes({"t": "reply", "n": 1})))
+        later.start()
+        assert connection.receive().header == {"t": "reply", "n": 1}
+        later.join()
+    finally:
+        connection.close()
+        far.close()
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
 def test_small_sends_time_out_once_the_far_end_reads_nothing(monkeypatch, kernel):
     """Small frames go in one send each (one buffer): once the far end's buffers are full, a send
     waits the connection's timeout and no longer."""
@@ -488,6 +507,17 @@ def test_a_declined_segment_is_read_and_dropped_and_the_next_frame_follows(whole
     np.testing.assert_array_equal(first.segments[1], kept)
     assert second.header["t"] == "y" and np.array_equal(second.segments[0], kept)
     assert reader.buffer().nbytes == PREFIX_SIZE  # nothing left over
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("header, payload", [({"t": "batch"}, 8), ({"t": "batch", "seg": (("float32", (2,)),)}, 12)],
+                         ids=["no tensors", "one tensor"])
+def test_a_payload_its_segments_do_not_account_for_is_refused(whole, header, payload):
+    body = wire.pack(header)
+    data = _prefix(len(body), payload) + body + bytes(payload)
+    reader = FrameReader()
+    with pytest.raises(errors.ProtocolError, match=f"segments .*disagree with the payload length {payload}$"):
+        reader.feed(data) if whole else reader.feed(data[:PREFIX_SIZE]) + reader.feed(data[PREFIX_SIZE:])
 
 
 def test_an_empty_segment_whose_other_extents_exceed_the_tensor_limit_is_refused():
