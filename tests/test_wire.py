@@ -466,6 +466,16 @@ def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(monkeypat
         far.close()
     connection, far = _tcp_pair()
     try:
+        far.sendall(_bytes({"t": "reply", "n": 4}) + b"EMBX" + bytes(12))  # a frame, then a malformed one
+        time.sleep(0.05)
+        assert spin_wait(connection, 5)
+        with pytest.raises(errors.ProtocolError, match="bad frame magic b'EMBX'"):
+            connection.receive()  # the receive reports it, as if it had read the bytes itself
+    finally:
+        connection.close()
+        far.close()
+    connection, far = _tcp_pair()
+    try:
         far.sendall(_bytes({"t": "error", "reason": "bye"}))
         far.close()  # the peer's last frame, then the end of the stream
         time.sleep(0.05)

@@ -20,7 +20,7 @@ import sys
 import time
 from collections import deque
 
-from ..errors import ArgumentError, ConnectionLost
+from ..errors import ArgumentError, ConnectionLost, ProtocolError
 from .protocol import Frame, FrameReader, Limits
 from .tls import wrap_client
 
@@ -149,7 +149,8 @@ class TcpConnection:
         self._frames: deque[Frame] = deque(self.reader.feed(received))
         self._scratch = bytearray(_DIRECT)
         self._closed = False
-        self._ended = False  # the stream's end came (readable() found it)
+        self._ended = False  # the stream's end came (readable() found it) …
+        self._failed: ProtocolError | None = None  # … or a malformed frame
         self._tls = isinstance(sock, ssl.SSLSocket)
         # a blocking TLS socket would retry a partial record past any kernel timeout: TLS keeps Python's
         self._kernel = _KERNEL_TIMEOUTS and not self._tls
@@ -234,7 +235,7 @@ class TcpConnection:
         """Whether a frame, or the connection's end, waits to be received (asked without waiting).
         With the kernel's timeouts, between tensors, what has come is read at once, without
         waiting (a poll and then a receive would cost a system call more)."""
-        if self._frames or self._ended:
+        if self._frames or self._ended or self._failed:
             return True
         if not self._kernel or self.reader.buffer().nbytes >= _DIRECT:
             return self._waiting()
@@ -247,7 +248,11 @@ class TcpConnection:
         if not n:
             self._ended = True
             return True
-        self._frames.extend(self.reader.feed(memoryview(self._scratch)[:n]))
+        try:
+            self._frames.extend(self.reader.feed(memoryview(self._scratch)[:n]))
+        except ProtocolError as error:  # the receive raises it, as if it had read the bytes itself
+            self._failed = error
+            return True
         return bool(self._frames)
 
     def receive(self, timeout: float | None = None) -> Frame:
@@ -256,7 +261,9 @@ class TcpConnection:
         restore = False  # whether this receive set a Python timeout, to take back
         try:
             while not self._frames:
-                if self._ended:  # found by readable()
+                if self._failed is not None:  # found by readable()
+                    raise self._failed
+                if self._ended:
                     raise ConnectionLost("the peer closed the connection")
                 target = self.reader.buffer()
                 limit = wait_limit(timeout, self.deadline)
