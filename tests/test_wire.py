@@ -345,14 +345,13 @@ def test_receives_and_sends_time_out_each_by_its_own_limit(monkeypatch, kernel):
     """Plain TCP on Linux keeps a blocking socket with the kernel's timeouts (one system call a
     receive); TLS, and other systems, keep Python's. Either way: a receive's timeout is its own,
     the connection's is the default, and a send to a peer that reads nothing times out too."""
-    import sys
     import time
 
     from ember.wire import tcp
-    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and sys.platform == "linux")
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)  # where this system has them
     connection, far = _tcp_pair()
     try:
-        assert connection._kernel is (kernel and sys.platform == "linux")
+        assert connection._kernel is tcp._KERNEL_TIMEOUTS
         connection.set_timeout(0.3)
         for timeout in (0.2, None):  # its own, then the connection's
             started = time.monotonic()
@@ -384,11 +383,10 @@ def test_receives_and_sends_time_out_each_by_its_own_limit(monkeypatch, kernel):
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
 def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(monkeypatch, kernel):
-    import sys
     import threading
 
     from ember.wire import tcp
-    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and sys.platform == "linux")
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)  # where this system has them
     connection, far = _tcp_pair()
     try:
         connection.set_timeout(None)  # a peer's --idle-timeout 0
@@ -405,11 +403,10 @@ def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(monkeypatch, k
 def test_small_sends_time_out_once_the_far_end_reads_nothing(monkeypatch, kernel):
     """Small frames go in one send each (one buffer): once the far end's buffers are full, a send
     waits the connection's timeout and no longer."""
-    import sys
     import time
 
     from ember.wire import tcp
-    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and sys.platform == "linux")
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)  # where this system has them
     connection, far = _tcp_pair()
     try:
         connection.set_timeout(0.3)
@@ -427,13 +424,12 @@ def test_small_sends_time_out_once_the_far_end_reads_nothing(monkeypatch, kernel
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
 def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(monkeypatch, kernel):
-    import sys
     import threading
     import time
 
     from ember.wire import tcp
     from ember.wire.tcp import spin_wait
-    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and sys.platform == "linux")
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)  # where this system has them
     connection, far = _tcp_pair()
     try:
         data = _bytes({"t": "reply", "n": 0})

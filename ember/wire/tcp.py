@@ -27,10 +27,11 @@ from .tls import wrap_client
 _DIRECT = 1 << 16  # receive regions at least this large go straight into their array
 _IOV_MAX = 512
 _JOIN = 1 << 16    # over TLS, buffers smaller than this are joined into one write (one record, not many)
-# plain TCP on Linux: a blocking socket with the kernel's own timeouts (a struct timeval of two longs), so that a
-# receive is one recv and a send one sendmsg; Python's timeouts poll the socket before each (a system call more)
-_KERNEL_TIMEOUTS = sys.platform == "linux"
+# plain TCP on 64-bit Linux: a blocking socket with the kernel's own timeouts (a struct timeval, two longs), so that a
+# receive is one recv and a send one sendmsg; Python's timeouts poll the socket before each (a system call more).
+# Elsewhere (a 32-bit time_t or timeval of another layout) Python's timeouts, as on every other system.
 _TIMEVAL = struct.Struct("@ll")
+_KERNEL_TIMEOUTS = sys.platform == "linux" and _TIMEVAL.size == 16
 _POLLED_SEND = 1 << 20  # frames this large are sent with Python's timeouts all the same (TcpConnection.send)
 
 
