@@ -5,7 +5,7 @@ go through a scratch buffer so a small frame costs one system call. A small fram
 ``encode_frame`` as one buffer and goes in one ``send``; a larger one is sent scatter-gather
 (``sendmsg``), so its tensors' bytes are never joined into one buffer. Over TLS, which has no
 ``sendmsg``, small buffers are joined into one write and large ones written as they are. Plain
-TCP on Linux keeps the socket blocking, with the kernel's timeouts (``TcpConnection``).
+TCP on 64-bit Linux keeps the socket blocking, with the kernel's timeouts (``TcpConnection``).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class TcpConnection:
     stream already read from the socket (a server telling TCP from WebSocket over TLS). While
     ``deadline`` is set (a ``time.monotonic()`` value: a server's handshake), no read waits past it.
 
-    ``timeout`` bounds each send and each wait for bytes. Plain TCP on Linux keeps the socket
+    ``timeout`` bounds each send and each wait for bytes. Plain TCP on 64-bit Linux keeps the socket
     blocking and has the kernel enforce it (``SO_SNDTIMEO``, ``SO_RCVTIMEO``: a small frame's
     receive is one ``recv``, where Python's timeouts poll before each call); frames of 1 MiB or
     more, and tensors of 64 KiB or more, move with Python's timeouts, which moved more a second."""
