@@ -329,6 +329,23 @@ def test_waits_never_pass_a_deadline():
     assert issubclass(TimedOut, errors.ConnectionLost)
 
 
+@pytest.fixture(params=[True, False], ids=["kernel timeouts", "python timeouts"])
+def tcp_pairs(request, monkeypatch):
+    """Makes :func:`_tcp_pair`s with plain TCP's kernel timeouts (where this system has them),
+    then with Python's, and closes every one after the test."""
+    from ember.wire import tcp
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", request.param and tcp._KERNEL_TIMEOUTS)
+    made = []
+
+    def make():
+        made.append(_tcp_pair())
+        return made[-1]
+    yield make
+    for connection, far in made:
+        connection.close()
+        far.close()
+
+
 def _tcp_pair():
     """A TcpConnection and the raw socket at the other end of a loopback TCP connection."""
     import socket
@@ -340,148 +357,114 @@ def _tcp_pair():
     return TcpConnection(near, timeout=10), far
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
-def test_receives_and_sends_time_out_each_by_its_own_limit(monkeypatch, kernel):
-    """Plain TCP on Linux keeps a blocking socket with the kernel's timeouts (one system call a
+def test_receives_and_sends_time_out_each_by_its_own_limit(tcp_pairs):
+    """Plain TCP on 64-bit Linux keeps a blocking socket with the kernel's timeouts (one system call a
     receive); TLS, and other systems, keep Python's. Either way: a receive's timeout is its own,
     the connection's is the default, and a send to a peer that reads nothing times out too."""
     import time
 
     from ember.wire import tcp
-    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)  # where this system has them
-    connection, far = _tcp_pair()
-    try:
-        assert connection._kernel is tcp._KERNEL_TIMEOUTS
-        connection.set_timeout(0.3)
-        for timeout in (0.2, None):  # its own, then the connection's
-            started = time.monotonic()
-            with pytest.raises(tcp.TimedOut, match="timed out waiting for the peer"):
-                connection.receive(timeout)
-            assert 0.15 < time.monotonic() - started < 5
-        far.sendall(_bytes({"t": "reply", "n": 1}))
-        assert connection.receive(30).header == {"t": "reply", "n": 1}  # a long limit returns at once
-        big = np.arange(1 << 16, dtype=np.float32)  # 256 KiB: received straight into its array, as with Python's timeouts
-        assert big.nbytes > tcp._DIRECT
-        far.sendall(_bytes({"t": "reply", "n": 2}, [big]))
-        frame = connection.receive(30)
-        assert frame.header["n"] == 2 and np.array_equal(frame.segments[0], big)
-        data = _bytes({"t": "reply", "n": 3}, [big])
-        far.sendall(data[:len(data) // 2])  # half a large frame, then nothing
+    connection, far = tcp_pairs()
+    assert connection._kernel is tcp._KERNEL_TIMEOUTS
+    connection.set_timeout(0.3)
+    for timeout in (0.2, None):  # its own, then the connection's
         started = time.monotonic()
         with pytest.raises(tcp.TimedOut, match="timed out waiting for the peer"):
-            connection.receive(0.2)
+            connection.receive(timeout)
         assert 0.15 < time.monotonic() - started < 5
-        assert connection.sock.gettimeout() == (None if connection._kernel else 0.3)  # as it was before the receive
-        started = time.monotonic()
-        with pytest.raises(errors.ConnectionLost, match="connection lost while sending"):
-            connection.send(wire.encode_frame({"t": "batch"}, [np.zeros(64 << 20, np.uint8)]))  # far reads nothing
-        assert 0.25 < time.monotonic() - started < 10  # the connection's 0.3 s, not the last receive's 30 s
-    finally:
-        connection.close()
-        far.close()
+    far.sendall(_bytes({"t": "reply", "n": 1}))
+    assert connection.receive(30).header == {"t": "reply", "n": 1}  # a long limit returns at once
+    big = np.arange(1 << 16, dtype=np.float32)  # 256 KiB: received straight into its array, as with Python's timeouts
+    assert big.nbytes > tcp._DIRECT
+    far.sendall(_bytes({"t": "reply", "n": 2}, [big]))
+    frame = connection.receive(30)
+    assert frame.header["n"] == 2 and np.array_equal(frame.segments[0], big)
+    data = _bytes({"t": "reply", "n": 3}, [big])
+    far.sendall(data[:len(data) // 2])  # half a large frame, then nothing
+    started = time.monotonic()
+    with pytest.raises(tcp.TimedOut, match="timed out waiting for the peer"):
+        connection.receive(0.2)
+    assert 0.15 < time.monotonic() - started < 5
+    assert connection.sock.gettimeout() == (None if connection._kernel else 0.3)  # as it was before the receive
+    started = time.monotonic()
+    with pytest.raises(errors.ConnectionLost, match="connection lost while sending"):
+        connection.send(wire.encode_frame({"t": "batch"}, [np.zeros(64 << 20, np.uint8)]))  # far reads nothing
+    assert 0.25 < time.monotonic() - started < 10  # the connection's 0.3 s, not the last receive's 30 s
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
-def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(monkeypatch, kernel):
+def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(tcp_pairs):
     import threading
 
-    from ember.wire import tcp
-    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)  # where this system has them
-    connection, far = _tcp_pair()
-    try:
-        connection.set_timeout(None)  # a peer's --idle-timeout 0
-        later = threading.Timer(1.2, lambda: far.sendall(_bytes({"t": "reply", "n": 1})))
-        later.start()
-        assert connection.receive().header == {"t": "reply", "n": 1}
-        later.join()
-    finally:
-        connection.close()
-        far.close()
+    connection, far = tcp_pairs()
+    connection.set_timeout(None)  # a peer's --idle-timeout 0
+    later = threading.Timer(1.2, lambda: far.sendall(_bytes({"t": "reply", "n": 1})))
+    later.start()
+    assert connection.receive().header == {"t": "reply", "n": 1}
+    later.join()
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
-def test_small_sends_time_out_once_the_far_end_reads_nothing(monkeypatch, kernel):
+def test_small_sends_time_out_once_the_far_end_reads_nothing(tcp_pairs):
     """Small frames go in one send each (one buffer): once the far end's buffers are full, a send
     waits the connection's timeout and no longer."""
     import time
 
-    from ember.wire import tcp
-    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)  # where this system has them
-    connection, far = _tcp_pair()
-    try:
-        connection.set_timeout(0.3)
-        small = wire.encode_frame({"t": "batch"}, [np.zeros(2000, np.uint8)])
-        assert len(small) == 1
-        started = time.monotonic()
-        with pytest.raises(errors.ConnectionLost, match="connection lost while sending"):
-            for _ in range(1_000_000):  # far reads nothing: its buffers fill within a few MB
-                connection.send(small)
-        assert time.monotonic() - started < 30
-    finally:
-        connection.close()
-        far.close()
+    connection, far = tcp_pairs()
+    connection.set_timeout(0.3)
+    small = wire.encode_frame({"t": "batch"}, [np.zeros(2000, np.uint8)])
+    assert len(small) == 1
+    started = time.monotonic()
+    with pytest.raises(errors.ConnectionLost, match="connection lost while sending"):
+        for _ in range(1_000_000):  # far reads nothing: its buffers fill within a few MB
+            connection.send(small)
+    assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
-def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(monkeypatch, kernel):
+def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(tcp_pairs):
     import threading
     import time
 
-    from ember.wire import tcp
     from ember.wire.tcp import spin_wait
-    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)  # where this system has them
-    connection, far = _tcp_pair()
-    try:
-        data = _bytes({"t": "reply", "n": 0})
-        far.sendall(data[:7])  # part of a frame: with the kernel's timeouts polling reads it, and finds no frame
-        time.sleep(0.05)
-        assert spin_wait(connection, 0.002) is not connection._kernel  # with Python's, bytes wait: a receive's turn
-        far.sendall(data[7:])
-        assert spin_wait(connection, 5)
-        assert connection.receive().header == {"t": "reply", "n": 0}
-        started = time.monotonic()
-        assert not spin_wait(connection, 0) and not spin_wait(connection, 0.002)  # nothing came …
-        assert time.monotonic() - started < 5  # … and the window ended the polling
-        far.sendall(_bytes({"t": "reply", "n": 1}))
-        time.sleep(0.05)
-        assert not spin_wait(connection, 0)  # a window of 0 (EMBER_SPIN_US=0) never polls
-        assert spin_wait(connection, 5)
-        assert connection.receive().header == {"t": "reply", "n": 1}  # the frame polling saw, whole
-        later = threading.Timer(0.05, lambda: far.sendall(_bytes({"t": "reply", "n": 2})))
-        started = time.monotonic()
-        later.start()
-        assert spin_wait(connection, 30)  # it arrived while polling: no need to wait out the window
-        assert time.monotonic() - started < 15
-        assert connection.receive().header == {"t": "reply", "n": 2}
-        connection.close()  # as a stopping server closes a session's socket under its thread
-        assert spin_wait(connection, 5)  # readable, for the receive to report the loss
-        with pytest.raises(errors.ConnectionLost):
-            connection.receive()
-    finally:
-        connection.close()
-        far.close()
-    connection, far = _tcp_pair()
-    try:
-        far.sendall(_bytes({"t": "reply", "n": 4}) + b"EMBX" + bytes(12))  # a frame, then a malformed one
-        time.sleep(0.05)
-        assert spin_wait(connection, 5)
-        with pytest.raises(errors.ProtocolError, match="bad frame magic b'EMBX'"):
-            connection.receive()  # the receive reports it, as if it had read the bytes itself
-    finally:
-        connection.close()
-        far.close()
-    connection, far = _tcp_pair()
-    try:
-        far.sendall(_bytes({"t": "error", "reason": "bye"}))
-        far.close()  # the peer's last frame, then the end of the stream
-        time.sleep(0.05)
-        assert spin_wait(connection, 5)
-        assert connection.receive().header == {"t": "error", "reason": "bye"}  # what came before the end first
-        assert spin_wait(connection, 5)
-        with pytest.raises(errors.ConnectionLost, match="the peer closed the connection"):
-            connection.receive()
-    finally:
-        connection.close()
+    connection, far = tcp_pairs()
+    data = _bytes({"t": "reply", "n": 0})
+    far.sendall(data[:7])  # part of a frame: with the kernel's timeouts polling reads it, and finds no frame
+    time.sleep(0.05)
+    assert spin_wait(connection, 0.002) is not connection._kernel  # with Python's, bytes wait: a receive's turn
+    far.sendall(data[7:])
+    assert spin_wait(connection, 5)
+    assert connection.receive().header == {"t": "reply", "n": 0}
+    started = time.monotonic()
+    assert not spin_wait(connection, 0) and not spin_wait(connection, 0.002)  # nothing came …
+    assert time.monotonic() - started < 5  # … and the window ended the polling
+    far.sendall(_bytes({"t": "reply", "n": 1}))
+    time.sleep(0.05)
+    assert not spin_wait(connection, 0)  # a window of 0 (EMBER_SPIN_US=0) never polls
+    assert spin_wait(connection, 5)
+    assert connection.receive().header == {"t": "reply", "n": 1}  # the frame polling saw, whole
+    later = threading.Timer(0.05, lambda: far.sendall(_bytes({"t": "reply", "n": 2})))
+    started = time.monotonic()
+    later.start()
+    assert spin_wait(connection, 30)  # it arrived while polling: no need to wait out the window
+    assert time.monotonic() - started < 15
+    assert connection.receive().header == {"t": "reply", "n": 2}
+    connection.close()  # as a stopping server closes a session's socket under its thread
+    assert spin_wait(connection, 5)  # readable, for the receive to report the loss
+    with pytest.raises(errors.ConnectionLost):
+        connection.receive()
+    connection, far = tcp_pairs()
+    far.sendall(_bytes({"t": "reply", "n": 4}) + b"EMBX" + bytes(12))  # a frame, then a malformed one
+    time.sleep(0.05)
+    assert spin_wait(connection, 5)
+    with pytest.raises(errors.ProtocolError, match="bad frame magic b'EMBX'"):
+        connection.receive()  # the receive reports it, as if it had read the bytes itself
+    connection, far = tcp_pairs()
+    far.sendall(_bytes({"t": "error", "reason": "bye"}))
+    far.close()  # the peer's last frame, then the end of the stream
+    time.sleep(0.05)
+    assert spin_wait(connection, 5)
+    assert connection.receive().header == {"t": "error", "reason": "bye"}  # what came before the end first
+    assert spin_wait(connection, 5)
+    with pytest.raises(errors.ConnectionLost, match="the peer closed the connection"):
+        connection.receive()
 
 
 def test_the_spin_window_comes_from_the_environment(monkeypatch):

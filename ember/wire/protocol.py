@@ -191,7 +191,7 @@ def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
         return [_PREFIX.pack(MAGIC, len(body), 0) + body]
     descriptors, buffers, payload = [], [None], 0
     for array in segments:
-        descriptors.append((_NAMES[array.dtype], array.shape))
+        descriptors.append(segment_descriptor(array))
         view = bytes_of(array)
         buffers.append(view)
         payload += view.nbytes
