@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import struct
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -208,6 +209,30 @@ def test_limits_hold_at_their_exact_values(whole):
 
 
 @pytest.mark.parametrize("whole", [True, False])
+def test_a_repeated_segment_descriptor_is_checked_against_the_limits_of_its_time(whole):
+    """The reader keeps the last descriptor it checked, with its layout: the same one again after
+    the limits changed (a handshake's end) meets the new limits; another is checked anew."""
+    reader = FrameReader(Limits(max_tensor_bytes=16))
+
+    def parse(array):
+        data = _bytes({"t": "reply"}, [array])
+        return reader.feed(data) if whole else reader.feed(data[:PREFIX_SIZE + 3]) + reader.feed(data[PREFIX_SIZE + 3:])
+
+    for _ in range(2):
+        (frame,) = parse(np.arange(4, dtype=np.float32))
+        np.testing.assert_array_equal(frame.segments[0], np.arange(4, dtype=np.float32))
+    (frame,) = parse(np.arange(2, dtype=np.float64))  # equal in size, another dtype
+    assert frame.segments[0].dtype == np.float64
+    with pytest.raises(errors.ProtocolError, match=r"^a tensor of 32 bytes exceeds the limit of 16 bytes$"):
+        parse(np.arange(4, dtype=np.float64))
+    reader = FrameReader(Limits(max_tensor_bytes=16))
+    parse(np.arange(4, dtype=np.float32))
+    reader.limits = Limits(max_tensor_bytes=15)
+    with pytest.raises(errors.ProtocolError, match=r"^a tensor of 16 bytes exceeds the limit of 15 bytes$"):
+        parse(np.arange(4, dtype=np.float32))
+
+
+@pytest.mark.parametrize("whole", [True, False])
 @pytest.mark.parametrize("header, payload, message", [
     ([1, 2], 0, r"^a frame header must be a map$"),
     ({"seg": [["uint8", [2]]]}, 2, None),  # lists are fine: msgpack makes them tuples
@@ -267,22 +292,48 @@ def test_bytes_that_look_like_a_timestamp_inside_other_values_are_fine():
     assert wire.unpack(data) == value
 
 
-# every encoding of a timestamp: a marker, then (ext 8, 16, 32) its length, then the type byte 0xff
-_TIMESTAMP_MARKERS = re.compile(rb"[\xd4-\xd8]\xff|\xc7.\xff|\xc8..\xff|\xc9....\xff", re.DOTALL)
+# every encoding of a timestamp msgpack decodes: fixext 4 or 8, or ext 8, 16 or 32 with a length of 4,
+# 8 or 12, then the type byte 0xff
+_TIMESTAMP_ENCODINGS = re.compile(rb"[\xd6\xd7]\xff|\xc7[\x04\x08\x0c]\xff|\xc8\x00[\x04\x08\x0c]\xff|"
+                                  rb"\xc9\x00\x00\x00[\x04\x08\x0c]\xff")
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.sampled_from([b"\xff", b"\xc7", b"\xc8", b"\xc9", b"\xd3", b"\xd4", b"\xd8", b"\xd9", b"\x00"]),
-                max_size=24).map(b"".join))
-def test_the_timestamp_scan_finds_what_a_regular_expression_of_the_markers_finds(data):
+@given(st.lists(st.sampled_from([b"\xff", b"\xc7", b"\xc8", b"\xc9", b"\xd5", b"\xd6", b"\xd7", b"\xd8", b"\x00",
+                                 b"\x04", b"\x05", b"\x08", b"\x0c"]), max_size=24).map(b"".join))
+def test_the_timestamp_scan_finds_what_a_regular_expression_of_the_encodings_finds(data):
     """The byte scan is compared with the plain statement of the rule, as a regular expression,
-    on strings built of the bytes that matter; behind 17 more 0xff bytes (which hold no marker, so
-    they change no answer) the scan hands a header to its own expression instead of a Python loop."""
-    expected = bool(_TIMESTAMP_MARKERS.search(data))
+    on strings built of the bytes that matter; behind 17 more 0xff bytes (which hold no timestamp,
+    so they change no answer) the scan hands a header to its own expression instead of a Python loop."""
+    expected = bool(_TIMESTAMP_ENCODINGS.search(data))
     assert wire.maybe_timestamp(data) is expected
     assert wire.maybe_timestamp(memoryview(data)) is expected
     assert wire.maybe_timestamp(b"\xff" * 17 + data) is expected
     assert wire.maybe_timestamp(b"\xff" * 16 + data) is expected  # data's first 0xff is the one the whole search starts at
+
+
+_TIMESTAMPS = [marker + bytes(size) for size, markers in ((4, [b"\xd6\xff", b"\xc7\x04\xff", b"\xc8\x00\x04\xff"]),
+                                                        (8, [b"\xd7\xff", b"\xc9\x00\x00\x00\x08\xff"]),
+                                                        (12, [b"\xc7\x0c\xff", b"\xc8\x00\x0c\xff"]))
+               for marker in markers]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_TIMESTAMPS), st.integers(-2**63, 2**64 - 1).map(msgpack.packb),
+                          st.binary(max_size=8).map(msgpack.packb), st.floats().map(msgpack.packb)), max_size=8))
+def test_whatever_msgpack_decodes_as_a_timestamp_the_scan_finds(items):
+    """The rule itself, against msgpack: of arrays of values, timestamps among them (every encoding
+    msgpack decodes), each one msgpack decodes into a timestamp is one the scan cannot pass over,
+    and unpack refuses."""
+    data = msgpack.packb([None] * len(items))[:-len(items) or None] + b"".join(items)
+    value = msgpack.unpackb(data, use_list=False)
+    assert len(value) == len(items)
+    if wire._holds_timestamp(value):
+        assert wire.maybe_timestamp(data)
+        with pytest.raises(errors.ProtocolError, match=r"\(a timestamp\)"):
+            wire.unpack(data)
+    else:
+        assert not any(item in _TIMESTAMPS for item in items)
 
 
 def test_maps_and_extensions_are_small():

@@ -253,7 +253,10 @@ class Plan:
     def run(self, inputs) -> list:
         values = self.trace(inputs)
         self.engine.ops_executed += len(self.steps)
-        return [values[i] for i in self.outputs]
+        outputs = []
+        for index in self.outputs:  # a loop: a comprehension's own frame costs more for the few outputs a plan has
+            outputs.append(values[index])
+        return outputs
 
     def trace(self, inputs) -> list:
         """Every value slot after running the steps on ``inputs`` (a compiler traces this with its own

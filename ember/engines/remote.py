@@ -415,14 +415,17 @@ class RemoteEngine(Engine):
         self._take_log()  # the log's ops go first (and its inputs' handles, which may now be dropped, let go)
         drops = self._drops
         self._made_bytes = 0
-        ids = [drops.popleft() for _ in range(len(drops))]  # handles dropped meanwhile wait for the next
-        run = self._run
-        if ids and run is not None and self._pending and self._pending[-1] is run:
-            ids = self._let_go(run, ids)
-        for start in range(0, len(ids), DROP_IDS):
-            if start:
-                self._send_pending()
-            self._pending.append(("drop", tuple(ids[start:start + DROP_IDS])))
+        if drops:
+            ids = []
+            for _ in range(len(drops)):  # handles dropped meanwhile wait for the next
+                ids.append(drops.popleft())
+            run = self._run
+            if run is not None and self._pending and self._pending[-1] is run:
+                ids = self._let_go(run, ids)
+            for start in range(0, len(ids), DROP_IDS):
+                if start:
+                    self._send_pending()
+                self._pending.append(("drop", tuple(ids[start:start + DROP_IDS])))
         while self._drops_graph:
             self._pending.append(("forget", self._drops_graph.popleft()))
 

@@ -358,9 +358,11 @@ class Session:
                 nbytes = ended.popleft()
                 self.granted -= nbytes
                 self._give(nbytes)
-        self._sent = {}
+        if self._sent:
+            self._sent = {}
         if not frame.segments:  # most frames: ops, drops and reads
-            self._reasons = {}
+            if self._reasons:
+                self._reasons = {}
             replies = self._handle(frame)
         else:
             self._reasons = {i: self._declined.popleft() if self._declined else "declined"

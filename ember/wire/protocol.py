@@ -103,28 +103,31 @@ def pack(value) -> bytes:
         raise ProtocolError(f"cannot encode a message: {error}") from None
 
 
-# every encoding of a timestamp: a marker (fixext 1–16, 0xd4–0xd8), or a marker and its length (ext
-# 8, 16, 32: 0xc7, 0xc8, 0xc9 with 1, 2, 4 bytes), then the type byte 0xff
-_TIMESTAMP_MARKERS = re.compile(rb"[\xd4-\xd8]\xff|\xc7.\xff|\xc8..\xff|\xc9....\xff", re.DOTALL)
+# every encoding of a timestamp msgpack decodes (it refuses one of other than 4, 8 or 12 bytes): fixext 4
+# or 8 (0xd6, 0xd7), or ext 8, 16 or 32 (0xc7, 0xc8, 0xc9) with a length of 4, 8 or 12; then the type byte 0xff
+_TIMESTAMP = re.compile(rb"(?:[\xd6\xd7]|(?:\xc7|\xc8\x00|\xc9\x00\x00\x00)[\x04\x08\x0c])\xff")
+_EXT_HEADS = (b"\xc7", b"\xc8\x00", b"\xc9\x00\x00\x00")
 _FEW = 16  # up to this many 0xff bytes are looked behind one by one; then the rest is searched whole
 
 
 def maybe_timestamp(data) -> bool:
     """Whether ``data`` may encode a msgpack timestamp, which msgpack decodes itself without asking
-    the ext hook. Most batches hold no 0xff byte or a few, so each is found with ``bytes.find`` and
-    only the bytes just before it are searched for a marker: a regular expression over every byte
-    cost more than decoding the batch. Past a few (a hostile header of 0xff bytes), the rest is
-    searched whole, in C."""
+    the ext hook. Most batches hold no 0xff byte or a few (a run's first input is -1, 0xff), so each
+    is found with ``bytes.find`` and the bytes just before it are compared with a timestamp's: a
+    regular expression costs more to call than this, and over every byte more than decoding the
+    batch. Past a few (a hostile header of 0xff bytes), the rest is searched whole, in C."""
     data = bytes(data)
-    search = _TIMESTAMP_MARKERS.search
     at = data.find(b"\xff")
     for _ in range(_FEW):
         if at < 0:
             return False
-        if search(data, max(0, at - 5), at + 1):  # a match ending at this 0xff: the longest is 6 bytes
+        before = data[at - 1] if at else None
+        if before == 0xd6 or before == 0xd7:
+            return True
+        if (before == 4 or before == 8 or before == 12) and data[max(0, at - 5):at - 1].endswith(_EXT_HEADS):
             return True
         at = data.find(b"\xff", at + 1)
-    return at >= 0 and search(data, max(0, at - 5)) is not None
+    return at >= 0 and _TIMESTAMP.search(data, max(0, at - 5)) is not None
 
 
 def unpack(data):
@@ -202,28 +205,43 @@ def encode_frame(header: dict, segments: list[np.ndarray] = ()) -> list:
     return buffers
 
 
-def _segment_arrays(descriptors, limits: Limits, allocate=np.empty) -> tuple[list, list[int]]:
+def _segment_layout(item, limits: Limits) -> tuple:
+    """A segment descriptor's dtype, shape and size in bytes, checked against ``limits``."""
+    try:
+        name, shape = item
+        dtype = _NUMPY[name]
+        shape = tuple(map(int, shape))
+    except (KeyError, TypeError, ValueError):
+        raise ProtocolError(f"bad segment descriptor {item!r:.80}") from None
+    if len(shape) > 64 or (shape and min(shape) < 0):
+        raise ProtocolError(f"bad segment shape {shape!r:.80}")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > limits.max_tensor_bytes:
+        raise ProtocolError(f"a tensor of {nbytes} bytes exceeds the limit of {limits.max_tensor_bytes} bytes")
+    # an empty shape's other extents are bounded too (NumPy refuses these); a nonempty one's are its size
+    if not nbytes and math.prod(s for s in shape if s) * dtype.itemsize > limits.max_tensor_bytes:
+        raise ProtocolError(f"bad segment shape {shape!r:.80}: empty, but its other extents exceed the tensor limit")
+    return dtype, shape, nbytes
+
+
+def _segment_arrays(descriptors, limits: Limits, allocate=np.empty, last=None) -> tuple[list, list[int]]:
     """The arrays a frame's segments are received into, and their sizes in bytes. ``allocate``
     may return None to decline a segment (a peer over its memory budget): its bytes are then read
-    and dropped, and the frame carries None in its place."""
+    and dropped, and the frame carries None in its place. ``last`` (a list of one) keeps the last
+    descriptor checked, with its layout: a connection's reads most often repeat one (equal
+    descriptors have equal layouts, ``int`` of each extent being the extent)."""
     if not isinstance(descriptors, tuple):
         raise ProtocolError("'seg' must be a list of [dtype, shape]")
     arrays, sizes = [], []
+    known = last[0] if last is not None else None
     for item in descriptors:
-        try:
-            name, shape = item
-            dtype = _NUMPY[name]
-            shape = tuple(map(int, shape))
-        except (KeyError, TypeError, ValueError):
-            raise ProtocolError(f"bad segment descriptor {item!r:.80}") from None
-        if len(shape) > 64 or (shape and min(shape) < 0):
-            raise ProtocolError(f"bad segment shape {shape!r:.80}")
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes > limits.max_tensor_bytes:
-            raise ProtocolError(f"a tensor of {nbytes} bytes exceeds the limit of {limits.max_tensor_bytes} bytes")
-        # an empty shape's other extents are bounded too (NumPy refuses these); a nonempty one's are its size
-        if not nbytes and math.prod(s for s in shape if s) * dtype.itemsize > limits.max_tensor_bytes:
-            raise ProtocolError(f"bad segment shape {shape!r:.80}: empty, but its other extents exceed the tensor limit")
+        if known is not None and item == known[0] and limits is known[1]:
+            layout = known[2]
+        else:
+            layout = _segment_layout(item, limits)
+            if last is not None:
+                last[0] = known = (item, limits, layout)
+        dtype, shape, nbytes = layout
         try:
             arrays.append(allocate(shape, dtype))
         except (ValueError, MemoryError) as error:
@@ -251,6 +269,7 @@ class FrameReader:
     def __init__(self, limits: Limits = Limits(), allocate=np.empty):
         self.limits = limits
         self.allocate = allocate  # (shape, dtype) -> array: where received tensors are put
+        self._last_segment = [None]  # the last segment descriptor checked, with its layout (_segment_arrays)
         self._reset()
 
     def _reset(self):  # the header stage sets the frame's header, arrays, views and payload length
@@ -264,6 +283,10 @@ class FrameReader:
     def buffer(self) -> memoryview:
         """The writable region where the next bytes of the stream belong."""
         return self._target[self._filled:]
+
+    def awaiting(self) -> int:
+        """How many bytes :meth:`buffer` has room for (asked without making the view)."""
+        return len(self._target) - self._filled
 
     def advance(self, n: int) -> list[Frame]:
         """Record ``n`` bytes written into :meth:`buffer`; return the frames now complete."""
@@ -319,7 +342,7 @@ class FrameReader:
             if payload:
                 raise ProtocolError(f"segments disagree with the payload length {payload}")
             return _tuple_new(Frame, (header, [])), end
-        arrays, sizes = _segment_arrays(descriptors, limits, self.allocate)
+        arrays, sizes = _segment_arrays(descriptors, limits, self.allocate, self._last_segment)
         offset = PREFIX_SIZE + header_len
         if sum(sizes) != payload:
             raise ProtocolError(f"segments disagree with the payload length {payload}")
@@ -342,7 +365,7 @@ class FrameReader:
             if not isinstance(header, dict):
                 raise ProtocolError("a frame header must be a map")
             self._header = header
-            self._arrays, sizes = _segment_arrays(header.get("seg", ()), limits, self.allocate)
+            self._arrays, sizes = _segment_arrays(header.get("seg", ()), limits, self.allocate, self._last_segment)
             total = sum(sizes)
             if total != self._payload:
                 raise ProtocolError(f"segments of {total} bytes disagree with the payload length {self._payload}")

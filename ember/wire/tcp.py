@@ -238,7 +238,7 @@ class TcpConnection:
         waiting (a poll and then a receive would cost a system call more)."""
         if self._frames or self._ended or self._failed:
             return True
-        if not self._kernel or self.reader.buffer().nbytes >= _DIRECT:
+        if not self._kernel or self.reader.awaiting() >= _DIRECT:
             return self._waiting()
         try:
             n = self.sock.recv_into(self._scratch, 0, socket.MSG_DONTWAIT)
