@@ -300,7 +300,8 @@ class FrameReader:
 
     def feed(self, data) -> list[Frame]:
         """Copy ``data`` into the stream (for message transports such as WebSocket)."""
-        data = memoryview(data).cast("B")
+        if type(data) is not memoryview or data.format != "B" or data.ndim != 1:  # a connection's scratch view is one
+            data = memoryview(data).cast("B")
         frames = []
         while self._stage == "prefix" and not self._filled and data.nbytes >= PREFIX_SIZE:
             frame, used = self._whole_frame(data)  # the common case: small frames that arrive whole

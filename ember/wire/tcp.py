@@ -148,7 +148,7 @@ class TcpConnection:
         self.sock = sock
         self.reader = FrameReader(limits, allocate) if allocate else FrameReader(limits)
         self._frames: deque[Frame] = deque(self.reader.feed(received))
-        self._scratch = bytearray(_DIRECT)
+        self._scratch = memoryview(bytearray(_DIRECT))  # small reads land here; a view, sliced for each
         self._closed = False
         self._ended = False  # the stream's end came (readable() found it) …
         self._failed: ProtocolError | None = None  # … or a malformed frame
@@ -250,7 +250,7 @@ class TcpConnection:
             self._ended = True
             return True
         try:
-            self._frames.extend(self.reader.feed(memoryview(self._scratch)[:n]))
+            self._frames.extend(self.reader.feed(self._scratch[:n]))
         except ProtocolError as error:  # the receive raises it, as if it had read the bytes itself
             self._failed = error
             return True
@@ -285,7 +285,7 @@ class TcpConnection:
                         frames = self.reader.advance(n) if n else None
                     else:
                         n = self.sock.recv_into(self._scratch)
-                        frames = self.reader.feed(memoryview(self._scratch)[:n]) if n else None
+                        frames = self.reader.feed(self._scratch[:n]) if n else None
                 except (TimeoutError, BlockingIOError):  # BlockingIOError: the kernel's timeout
                     raise TimedOut("timed out waiting for the peer") from None
                 except OSError as error:
