@@ -394,18 +394,18 @@ class Session:
             raise ProtocolError("a batch's 'm' must be a list of messages")
         replies: list = []
         segments: list = []
-        handlers, run_op = self._HANDLERS, self._op
+        handlers, run_op, received = self._HANDLERS, self._op, frame.segments
         for message in messages:
             try:
-                if type(message) is tuple and len(message) == 5 and message[0] == "op":
-                    run_op(message)  # ops are most messages: no dispatch, no slicing
-                    continue
                 if type(message) is not tuple or not message or type(message[0]) is not str:
                     raise ProtocolError(f"malformed message {message!r:.80}")
+                if message[0] == "op" and len(message) == 5:
+                    run_op(message)  # an op alone: no dispatch, no slicing
+                    continue
                 handler = handlers.get(message[0])
                 if handler is None:
                     raise ProtocolError(f"unknown message type {message[0]!r}")
-                handler(self, message[1:], frame.segments, replies, segments)
+                handler(self, message[1:], received, replies, segments)
             except (TypeError, ValueError, IndexError) as error:
                 if isinstance(error, EmberError):
                     raise
