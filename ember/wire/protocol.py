@@ -303,12 +303,17 @@ class FrameReader:
         if type(data) is not memoryview or data.format != "B" or data.ndim != 1:  # a connection's scratch view is one
             data = memoryview(data).cast("B")
         frames = []
-        while self._stage == "prefix" and not self._filled and data.nbytes >= PREFIX_SIZE:
-            frame, used = self._whole_frame(data)  # the common case: small frames that arrive whole
-            if frame is None:
-                break
-            frames.append(frame)
-            data = data[used:]
+        if self._stage == "prefix" and not self._filled:  # the common case: small frames that arrive whole
+            size, at = data.nbytes, 0
+            while size - at >= PREFIX_SIZE:
+                frame, end = self._whole_frame(data, at)
+                if frame is None:
+                    break
+                frames.append(frame)
+                at = end
+            if at == size:
+                return frames
+            data = data[at:]
         while data.nbytes:
             target = self.buffer()
             n = min(target.nbytes, data.nbytes)
@@ -326,16 +331,18 @@ class FrameReader:
         if payload + header_len > limits.max_frame_bytes:
             raise ProtocolError(f"a frame of {payload + header_len} bytes exceeds the limit of {limits.max_frame_bytes}")
 
-    def _whole_frame(self, data: memoryview) -> tuple[Frame | None, int]:
-        """Parse a frame that lies entirely in ``data``: (frame, bytes used), or (None, 0)."""
-        magic, header_len, payload = _PREFIX.unpack_from(data)
+    def _whole_frame(self, data: memoryview, at: int) -> tuple[Frame | None, int]:
+        """Parse a frame that lies entirely in ``data`` from byte ``at``: (frame, where it ends), or
+        (None, ``at``) when it does not."""
+        magic, header_len, payload = _PREFIX.unpack_from(data, at)
         limits = self.limits
         if magic != MAGIC or header_len > limits.max_header_bytes or payload + header_len > limits.max_frame_bytes:
             self._check_prefix(magic, header_len, payload)  # raises, naming what is wrong
-        end = PREFIX_SIZE + header_len + payload
+        offset = at + PREFIX_SIZE + header_len  # where the header ends and the tensors begin
+        end = offset + payload
         if data.nbytes < end:
-            return None, 0
-        header = unpack(data[PREFIX_SIZE:PREFIX_SIZE + header_len]) if header_len else {}
+            return None, at
+        header = unpack(data[offset - header_len:offset]) if header_len else {}
         if type(header) is not dict:
             raise ProtocolError("a frame header must be a map")
         descriptors = header.get("seg")
@@ -344,12 +351,11 @@ class FrameReader:
                 raise ProtocolError(f"segments disagree with the payload length {payload}")
             return _tuple_new(Frame, (header, [])), end
         arrays, sizes = _segment_arrays(descriptors, limits, self.allocate, self._last_segment)
-        offset = PREFIX_SIZE + header_len
         if sum(sizes) != payload:
             raise ProtocolError(f"segments disagree with the payload length {payload}")
         for a, nbytes in zip(arrays, sizes):
             if nbytes and a is not None:
-                bytes_of(a)[:] = data[offset:offset + nbytes]  # the arrays allocated are C-contiguous
+                memoryview(a).cast("B")[:] = data[offset:offset + nbytes]  # allocate's arrays are C-contiguous
             offset += nbytes
         return _tuple_new(Frame, (header, arrays)), end
 
