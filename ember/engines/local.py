@@ -247,6 +247,7 @@ class Plan:
 
     def __init__(self, engine: LocalEngine, steps: list, n_slots: int, preset: list, inputs: list, outputs: list):
         self.engine, self.steps, self.n_slots = engine, steps, n_slots
+        self._native_type, self._coerce = engine._native_type, engine.backend.coerce
         self.preset, self.inputs, self.outputs = preset, inputs, outputs
         self._program = _program(steps)
 
@@ -266,7 +267,7 @@ class Plan:
             values[index] = value
         for index, value in zip(self.inputs, inputs):
             values[index] = value
-        native_type, coerce = self.engine._native_type, self.engine.backend.coerce
+        native_type, coerce = self._native_type, self._coerce
         kernel = fetch = None
         try:
             for item in self._program:

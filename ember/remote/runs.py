@@ -159,7 +159,10 @@ class RunPlan:
             return False
         values = []
         for ref, meta in self.inputs:
-            tid = _tensor(ref, base, inputs)
+            if ref >= 0:  # _tensor, without its call
+                tid = base + ref
+            else:
+                tid = inputs[-1 - ref] if -ref <= len(inputs) else None
             value = tensors.get(tid) if type(tid) is int else None
             if value is None or metas.get(tid) != meta:  # missing, failed (no meta), or another shape or dtype
                 return False
@@ -168,7 +171,10 @@ class RunPlan:
             if base + ref in sizes:  # in use, or being fetched: the op path writes over it
                 return False
         need = self.need
-        if session._reserve(need) is not None:  # no room: the op path refuses the op that does not fit
+        if need <= session.credit and session.used + need <= session.limits.max_session_bytes:
+            session.credit -= need  # _reserve's common case, without its call: a replay is a small op's whole turn
+            session.used += need
+        elif session._reserve(need) is not None:  # no room: the op path refuses the op that does not fit
             return False
         try:
             results = self.plan.run(values)

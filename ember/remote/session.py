@@ -591,9 +591,11 @@ class Session:
         rid, tid = body
         index = self._sent.get(tid) if type(tid) is int else None
         if index is None:  # each tensor goes once per reply, however often a batch reads it
-            value = self._read(tid, rid, replies)
-            if value is None:
-                return
+            value = self.tensors.get(tid) if type(tid) is int else None
+            if value is None or type(value) is Poison:  # _read says why, or settles a fetch
+                value = self._read(tid, rid, replies)
+                if value is None:
+                    return
             host = self.engine.download(value)
             if not host.flags.c_contiguous:  # the frame needs its bytes in C order: a copy, counted
                 try:

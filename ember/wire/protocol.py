@@ -110,14 +110,16 @@ _EXT_HEADS = (b"\xc7", b"\xc8\x00", b"\xc9\x00\x00\x00")
 _FEW = 16  # up to this many 0xff bytes are looked behind one by one; then the rest is searched whole
 
 
-def maybe_timestamp(data) -> bool:
+def maybe_timestamp(data, at: int | None = None) -> bool:
     """Whether ``data`` may encode a msgpack timestamp, which msgpack decodes itself without asking
     the ext hook. Most batches hold no 0xff byte or a few (a run's first input is -1, 0xff), so each
     is found with ``bytes.find`` and the bytes just before it are compared with a timestamp's: a
     regular expression costs more to call than this, and over every byte more than decoding the
-    batch. Past a few (a hostile header of 0xff bytes), the rest is searched whole, in C."""
+    batch. Past a few (a hostile header of 0xff bytes), the rest is searched whole, in C. ``at``:
+    where the first 0xff is, when the caller has found it."""
     data = bytes(data)
-    at = data.find(b"\xff")
+    if at is None:
+        at = data.find(b"\xff")
     for _ in range(_FEW):
         if at < 0:
             return False
@@ -147,7 +149,8 @@ def unpack(data):
     except Exception as error:  # msgpack raises several types on malformed input
         raise ProtocolError(f"malformed header: {type(error).__name__}: {error}") from None
     # every timestamp has a 0xff byte (its type), which many headers lack: those need no search
-    if b"\xff" in data and maybe_timestamp(data) and _holds_timestamp(value):  # the bytes also occur in other values
+    at = data.find(b"\xff")
+    if at >= 0 and maybe_timestamp(data, at) and _holds_timestamp(value):  # the bytes also occur in other values
         raise ProtocolError("unknown msgpack extension type -1 (a timestamp)")
     return value
 
