@@ -157,7 +157,7 @@ class RemoteEngine(Engine):
         with self._lock:  # another thread may be sending the batch
             if op.data_dependent and any(None in m.shape for m in metas):
                 self._enqueue(message, 0)
-                shapes = self._call(lambda rid: ("shape", rid, out_ids))[2]
+                shapes = self._call("shape", out_ids)[2]
                 metas = tuple(Meta(tuple(s), m.dtype) for s, m in zip(shapes, metas))
             else:
                 self._enqueue(message, sum(m.nbytes for m in metas))
@@ -176,8 +176,10 @@ class RemoteEngine(Engine):
         log = self._log
         log.append((op.name, inputs, in_metas, attrs, tid))  # the inputs' handles live on until the log is taken
         logged = len(log)
-        if logged & 7 == 0 or (logged == 1 and not self._pending):
-            self._count(0)  # every 8 ops: is the batch full or old? (the first op: the batch's clock starts)
+        if logged & 7 == 0:
+            self._count(0)  # every 8 ops: is the batch full or old?
+        elif logged == 1 and not self._pending:
+            self._first_pending = _clock()  # the batch's first op: its clock starts (as _count starts it)
         out = _new_handle(RemoteHandle)
         out.engine, out.id = self, tid
         return out
@@ -380,11 +382,11 @@ class RemoteEngine(Engine):
     def download(self, handle) -> np.ndarray:
         if handle.engine is not self:  # an array of an earlier session with this device
             raise lost_session("download", "the array", handle.engine)
-        reply, segments = self._call(lambda rid: ("get", rid, handle.id), want_segments=True)
+        reply, segments = self._call("get", handle.id, want_segments=True)
         return segments[reply[2]]
 
     def sync(self) -> None:
-        self._call(lambda rid: ("sync", rid))
+        self._call("sync")
 
     def stats(self) -> dict:
         """This session's counters: ``round_trips`` (blocking waits), ``ops``, ``bytes_up`` …"""
@@ -392,7 +394,7 @@ class RemoteEngine(Engine):
 
     def peer_stats(self) -> dict:
         """The peer's counters: this session's live tensors, and the server's sessions and tensors."""
-        return dict(self._call(lambda rid: ("stats", rid))[2])
+        return dict(self._call("stats")[2])
 
     def close(self) -> None:
         """End the session (the peer frees its tensors)."""
@@ -525,47 +527,45 @@ class RemoteEngine(Engine):
             pass
         return self.lost
 
-    def _call(self, message, want_segments: bool = False):
-        """Send ``message(rid)`` with everything pending, and wait for its reply: one round trip
-        (reported to open profiles, ember/profiling.py)."""
+    def _call(self, kind: str, *fields, want_segments: bool = False):
+        """Send the request ``(kind, rid, *fields)`` with everything pending, and wait for its reply:
+        one round trip (reported to open profiles, ember/profiling.py)."""
         with self._lock:
             if self.lost is not None:
                 raise self.lost
             rid = next(self._rids)
             self._queue_drops()  # so the reply (peer counters above all) sees them freed
-            request = message(rid)
-            self._pending.append(request)
+            self._pending.append((kind, rid, *fields))
             if not profiling.watching:
                 return self._wait(rid, want_segments)
             started, received = _clock(), self.counters["bytes_down"]
             try:
                 return self._wait(rid, want_segments)
             finally:
-                profiling.record(request[0], self.name, _clock() - started, self.counters["bytes_down"] - received)
+                profiling.record(kind, self.name, _clock() - started, self.counters["bytes_down"] - received)
 
     def _wait(self, rid: int, want_segments: bool):
-        """Send the batch and wait for reply ``rid``."""
-        with self._lock:
-            self._send_pending()  # _call queued the drops, under the same lock
-            self.counters["round_trips"] += 1
-            spin_wait(self.connection, self.spin)  # a small reply comes back in microseconds: catch it awake
-            while True:
-                try:
-                    frame = self.connection.receive(self.window)
-                except TimedOut as error:
-                    if self.window is None:
-                        raise self._lose(error) from None
-                    raise self._lose(ConnectionLost(
-                        f"no sign of life for {self.window:g} s (EMBER_KEEPALIVE), although the peer keeps alive "
-                        f"while it works: it is hung or unreachable")) from None
-                except ConnectionLost as error:
+        """Send the batch and wait for reply ``rid`` (``_call`` holds the lock)."""
+        self._send_pending()  # _call queued the drops
+        self.counters["round_trips"] += 1
+        spin_wait(self.connection, self.spin)  # a small reply comes back in microseconds: catch it awake
+        while True:
+            try:
+                frame = self.connection.receive(self.window)
+            except TimedOut as error:
+                if self.window is None:
                     raise self._lose(error) from None
-                header = self._heed(frame)
-                for reply in header.get("m", ()):
-                    if reply[1] == rid:
-                        if reply[0] == "error":
-                            raise wire.error_from_reply(reply[2], reply[3])
-                        return (reply, frame.segments) if want_segments else reply
+                raise self._lose(ConnectionLost(
+                    f"no sign of life for {self.window:g} s (EMBER_KEEPALIVE), although the peer keeps alive "
+                    f"while it works: it is hung or unreachable")) from None
+            except ConnectionLost as error:
+                raise self._lose(error) from None
+            header = self._heed(frame)
+            for reply in header.get("m", ()):
+                if reply[1] == rid:
+                    if reply[0] == "error":
+                        raise wire.error_from_reply(reply[2], reply[3])
+                    return (reply, frame.segments) if want_segments else reply
 
     def _heed(self, frame) -> dict:
         """Count a received frame and return its header; the peer's end of the session is raised
