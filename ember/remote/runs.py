@@ -159,10 +159,7 @@ class RunPlan:
             return False
         values = []
         for ref, meta in self.inputs:
-            if ref >= 0:  # _tensor, without its call
-                tid = base + ref
-            else:
-                tid = inputs[-1 - ref] if -ref <= len(inputs) else None
+            tid = _tensor(ref, base, inputs)
             value = tensors.get(tid) if type(tid) is int else None
             if value is None or metas.get(tid) != meta:  # missing, failed (no meta), or another shape or dtype
                 return False

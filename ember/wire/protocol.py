@@ -227,32 +227,6 @@ def _segment_layout(item, limits: Limits) -> tuple:
     return dtype, shape, nbytes
 
 
-def _segment_arrays(descriptors, limits: Limits, allocate=np.empty, last=None) -> tuple[list, list[int]]:
-    """The arrays a frame's segments are received into, and their sizes in bytes. ``allocate``
-    may return None to decline a segment (a peer over its memory budget): its bytes are then read
-    and dropped, and the frame carries None in its place. ``last`` (a list of one) keeps the last
-    descriptor checked, with its layout: a connection's reads most often repeat one (equal
-    descriptors have equal layouts, ``int`` of each extent being the extent)."""
-    if not isinstance(descriptors, tuple):
-        raise ProtocolError("'seg' must be a list of [dtype, shape]")
-    arrays, sizes = [], []
-    known = last[0] if last is not None else None
-    for item in descriptors:
-        if known is not None and item == known[0] and limits is known[1]:
-            layout = known[2]
-        else:
-            layout = _segment_layout(item, limits)
-            if last is not None:
-                last[0] = known = (item, limits, layout)
-        dtype, shape, nbytes = layout
-        try:
-            arrays.append(allocate(shape, dtype))
-        except (ValueError, MemoryError) as error:
-            raise ProtocolError(f"cannot allocate a tensor of shape {shape!r:.80}: {error}") from None
-        sizes.append(nbytes)
-    return arrays, sizes
-
-
 _DISCARD = 1 << 20  # a declined segment is read through a scratch buffer of at most this size
 
 
@@ -272,7 +246,7 @@ class FrameReader:
     def __init__(self, limits: Limits = Limits(), allocate=np.empty):
         self.limits = limits
         self.allocate = allocate  # (shape, dtype) -> array: where received tensors are put
-        self._last_segment = [None]  # the last segment descriptor checked, with its layout (_segment_arrays)
+        self._known_segment: tuple | None = None  # (descriptor, limits, layout) last checked (_segment_arrays)
         self._reset()
 
     def _reset(self):  # the header stage sets the frame's header, arrays, views and payload length
@@ -353,7 +327,7 @@ class FrameReader:
             if payload:
                 raise ProtocolError(f"segments disagree with the payload length {payload}")
             return _tuple_new(Frame, (header, [])), end
-        arrays, sizes = _segment_arrays(descriptors, limits, self.allocate, self._last_segment)
+        arrays, sizes = self._segment_arrays(descriptors)
         if sum(sizes) != payload:
             raise ProtocolError(f"segments disagree with the payload length {payload}")
         for a, nbytes in zip(arrays, sizes):
@@ -362,8 +336,31 @@ class FrameReader:
             offset += nbytes
         return _tuple_new(Frame, (header, arrays)), end
 
+    def _segment_arrays(self, descriptors) -> tuple[list, list[int]]:
+        """The arrays a frame's segments are received into, and their sizes in bytes. ``allocate``
+        may return None to decline a segment (a peer over its memory budget): its bytes are then
+        read and dropped, and the frame carries None in its place. The last descriptor checked is
+        kept with its layout and the limits it met: a connection's reads most often repeat one
+        (equal descriptors have equal layouts, ``int`` of each extent being the extent)."""
+        if not isinstance(descriptors, tuple):
+            raise ProtocolError("'seg' must be a list of [dtype, shape]")
+        limits, allocate, known = self.limits, self.allocate, self._known_segment
+        arrays, sizes = [], []
+        for item in descriptors:
+            if known is not None and item == known[0] and limits is known[1]:
+                layout = known[2]
+            else:
+                layout = _segment_layout(item, limits)
+                self._known_segment = known = (item, limits, layout)
+            dtype, shape, nbytes = layout
+            try:
+                arrays.append(allocate(shape, dtype))
+            except (ValueError, MemoryError) as error:
+                raise ProtocolError(f"cannot allocate a tensor of shape {shape!r:.80}: {error}") from None
+            sizes.append(nbytes)
+        return arrays, sizes
+
     def _next_stage(self) -> Frame | None:
-        limits = self.limits
         if self._stage == "prefix":
             magic, header_len, payload = _PREFIX.unpack(self._target)
             self._check_prefix(magic, header_len, payload)
@@ -375,7 +372,7 @@ class FrameReader:
             if not isinstance(header, dict):
                 raise ProtocolError("a frame header must be a map")
             self._header = header
-            self._arrays, sizes = _segment_arrays(header.get("seg", ()), limits, self.allocate, self._last_segment)
+            self._arrays, sizes = self._segment_arrays(header.get("seg", ()))
             total = sum(sizes)
             if total != self._payload:
                 raise ProtocolError(f"segments of {total} bytes disagree with the payload length {self._payload}")

@@ -266,13 +266,13 @@ class TcpConnection:
                     raise self._failed
                 if self._ended:
                     raise ConnectionLost("the peer closed the connection")
-                target = self.reader.buffer()
+                direct = self.reader.awaiting() >= _DIRECT  # a large tensor's bytes go straight into its array
                 limit = wait_limit(timeout, self.deadline)
                 if limit is None:
                     limit = self.timeout
                 if self._kernel:
-                    if restore or target.nbytes >= _DIRECT:  # a large tensor: received as with Python's timeouts, as
-                        self.sock.settimeout(limit)          # sent (TcpConnection.send), which moved more a second
+                    if restore or direct:  # as a large frame is sent (TcpConnection.send): Python's timeouts moved more
+                        self.sock.settimeout(limit)
                         restore = True
                     else:  # one recv: the kernel's timeout, kept for the next receive (sends have one of their own)
                         self._limit_receive(limit)
@@ -280,8 +280,8 @@ class TcpConnection:
                     self.sock.settimeout(limit)
                     restore = True
                 try:
-                    if target.nbytes >= _DIRECT:
-                        n = self.sock.recv_into(target)
+                    if direct:
+                        n = self.sock.recv_into(self.reader.buffer())
                         frames = self.reader.advance(n) if n else None
                     else:
                         n = self.sock.recv_into(self._scratch)
