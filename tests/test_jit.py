@@ -7,6 +7,8 @@ op table, every elementwise row jitted against eager execution."""
 from __future__ import annotations
 
 import functools
+import os
+import threading
 
 import numpy as np
 import pytest
@@ -15,6 +17,8 @@ from hypothesis import strategies as st
 
 import ember as em
 from ember import dtypes as dt
+from ember.backends.base import cpu_threads
+from ember.engines import local
 from ember.ops import OPS
 
 from .conftest import torch_available
@@ -117,6 +121,104 @@ def test_a_jitted_chain_on_a_large_array_peaks_no_higher_than_eager_execution():
     np.testing.assert_allclose(em.asnumpy(result), em.asnumpy(eager), rtol=2e-6)
 
 
+@pytest.fixture
+def split_small(monkeypatch):
+    """Plans split every run of in-place steps with a known shape, two elements a block, on two threads."""
+    monkeypatch.setattr(local, "SPLIT_MIN", 1)
+    monkeypatch.setattr(local, "SPLIT_WORK", 1)
+    monkeypatch.setattr(local, "SPLIT_BLOCK", 2)
+    monkeypatch.setattr(local, "SPLIT_ALIGN", 1)
+    monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 2)
+
+
+def splits(jitted) -> list:
+    """The runs of the plans of ``jitted`` that split across threads."""
+    engine = em.device("numpy").engine
+    return [item for graph, _ in jitted.graphs.values() for item in engine._plans[graph]._program
+            if type(item) is local.Split]
+
+
+def test_a_long_run_on_a_large_array_splits_across_threads_and_gives_eager_values_exactly(monkeypatch):
+    """The 100-op chain on 1M float32 and a two-input float64 chain on a 2-d array run block by block on two
+    threads (NumPy's kernels let the GIL go), bit for bit what eager execution gives; a chain on 1,000
+    elements, too short to pay for a thread, runs as one loop."""
+    monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 2)
+    x = em.asarray(np.random.default_rng(0).random(1_000_000, dtype=np.float32))
+    jitted = em.jit(lambda x: chain(x, 100))
+    np.testing.assert_array_equal(em.asnumpy(jitted(x)), em.asnumpy(chain(x, 100)))
+    np.testing.assert_array_equal(em.asnumpy(jitted(x)), em.asnumpy(chain(x, 100)))  # replayed
+    (split,) = splits(jitted)
+    assert (split.size, len(split.pairs), split.threads) == (1_000_000, 99, 2)  # the first op makes the buffer
+    assert any(thread.name.startswith("ember-split") for thread in threading.enumerate())
+
+    rng = np.random.default_rng(1)
+    a, b = (em.asarray(rng.standard_normal((600, 500))) for _ in range(2))
+
+    def two(a, b):
+        y = a * b
+        for _ in range(10):
+            y = em.exp(-em.abs(y)) * b + a
+        return y
+    jitted_two = em.jit(two)
+    np.testing.assert_array_equal(em.asnumpy(jitted_two(a, b)), em.asnumpy(two(a, b)))
+    (split,) = splits(jitted_two)
+    assert split.size == 300_000 and len(split.slots) == 3  # a, b and the plan's buffer, each taken by blocks
+
+    small = em.jit(lambda x: chain(x, 1000))
+    small(em.asarray(np.ones(1000, dtype=np.float32)))
+    assert not splits(small)
+
+
+def test_a_split_run_over_a_strided_argument_runs_whole(split_small):
+    """An argument that is a strided view has no flat blocks: its run goes the plain way, with the same values."""
+    host = np.arange(20.0).reshape(4, 5)
+    x, y = em.asarray(host), em.asarray(host.T.copy().T)  # y: Fortran order, a view no flat block can take
+    function = em.jit(lambda x, y: (x * 2.0 + y) * y)
+    np.testing.assert_array_equal(em.asnumpy(function(x, y)), (host * 2.0 + host) * host)
+    assert splits(function)
+
+
+def test_a_split_run_raises_a_failing_step_with_its_inputs_and_runs_again(split_small):
+    """A kernel failing in some block is named with the whole arrays it read, and the plan runs again after."""
+    jitted = em.jit(lambda x, y: (x * 2.0) / y + 1.0)
+    x = em.asarray(np.arange(1.0, 9.0))
+    with np.errstate(divide="raise"), pytest.raises(em.ExecutionError, match=r"^divide: divide by zero .*"
+                                                   r"\(inputs: \(8,\) float64, \(8,\) float64\)"):
+        jitted(x, em.zeros(8))
+    assert splits(jitted)
+    np.testing.assert_array_equal(em.asnumpy(jitted(x, em.full(8, 2.0))), np.arange(1.0, 9.0) + 1.0)
+
+
+def test_every_thread_of_a_split_run_works_under_the_callers_errstate(split_small):
+    """Each thread takes one block (a barrier holds the first until the second has taken its own) and sees the
+    caller's ``np.errstate``: a worker runs in a copy of the caller's context."""
+    barrier, seen = threading.Barrier(2, timeout=30), {}
+
+    def kernel(x, out):
+        seen[threading.get_ident()] = np.geterr()["divide"]
+        barrier.wait()
+        np.divide(x, 0.0, out=out)
+
+    values = [np.ones(4)]
+    split = local.Split([(kernel, lambda values: (values[0], values[0]))], [0], 4, 2)
+    with np.errstate(divide="ignore"):
+        assert split.run(values) is None
+    assert len(seen) == 2 and set(seen.values()) == {"ignore"}
+    assert np.isinf(values[0]).all()
+
+
+def test_the_split_threads_come_from_the_cpus_or_ember_num_threads(monkeypatch):
+    monkeypatch.setenv("EMBER_NUM_THREADS", "3")
+    assert cpu_threads() == 3
+    monkeypatch.setenv("EMBER_NUM_THREADS", "0")
+    assert cpu_threads() == 1
+    monkeypatch.setenv("EMBER_NUM_THREADS", "many")
+    with pytest.raises(em.ArgumentError, match="^EMBER_NUM_THREADS: expected a whole number of threads, got 'many'$"):
+        cpu_threads()
+    monkeypatch.delenv("EMBER_NUM_THREADS")
+    assert cpu_threads() == len(os.sched_getaffinity(0))
+
+
 def test_a_plan_keeps_what_the_caller_holds_while_letting_intermediates_go():
     """An argument returned as is, an intermediate both returned and read later, a value read twice by one op and
     an output nothing reads (qr's Q) all come back right, call after call."""
@@ -178,12 +280,16 @@ def test_every_row_made_by_the_elementwise_factories_is_elementwise():
     assert len(ELEMENTWISE) > 60 and "add" in ELEMENTWISE and "where" not in ELEMENTWISE
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
 @pytest.mark.parametrize("name", ELEMENTWISE)
 @given(data=st.data())
-def test_a_jitted_elementwise_row_equals_eager_execution(name, data):
+def test_a_jitted_elementwise_row_equals_eager_execution(name, split, data, request):
     """Each elementwise row applied three times — where the result has the first input's shape and dtype, the
     second and third write over the first's buffer — and, for a binary row, twice with a Python scalar (a
-    literal the plan converts once): jitted and eager give the same dtype, shape and values (NaN where NaN)."""
+    literal the plan converts once): jitted and eager give the same dtype, shape and values (NaN where NaN);
+    ``split``: with the in-place runs split into blocks of two elements on two threads."""
+    if split:
+        request.getfixturevalue("split_small")
     device = em.device("numpy")
     arrays, _ = EXAMPLES[name](Drawer(data, em.__array_namespace_info__().dtypes(device=device).values()))
     function = getattr(em, name)

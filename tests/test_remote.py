@@ -19,6 +19,7 @@ from ember.benchmarks.core import chain
 import ember as em
 from ember import devices
 from ember.devices import RemoteDevice
+from ember.engines import remote as remote_engine
 from ember.engines.remote import connect
 from ember.remote.server import PEER_LIMITS
 from ember.wire import protocol as wire
@@ -75,7 +76,10 @@ def test_a_chain_and_one_read_cost_one_round_trip(remote):
     np.testing.assert_allclose(result, chain(np, host, 1000), rtol=1e-6)
 
 
-def test_a_loop_sends_the_same_runs_of_ops_and_the_peer_replays_them_compiled(remote):
+def test_a_loop_sends_the_same_runs_of_ops_and_the_peer_replays_them_compiled(remote, monkeypatch):
+    # batches end by their count alone: a batch older than BATCH_SECONDS (2 ms, a slow moment of a loaded machine)
+    # would go early and start the runs after it at another op
+    monkeypatch.setattr(remote_engine, "BATCH_SECONDS", 60.0)
     host = np.linspace(0, 1, 1000, dtype=np.float32)
     x = em.asarray(host, device=remote)
     engine = remote.engine

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes as dt
+from ..errors import ArgumentError
+
+
+def cpu_threads() -> int:
+    """The CPUs this process may run on, or ``EMBER_NUM_THREADS`` where set (1 turns splitting off)."""
+    text = os.environ.get("EMBER_NUM_THREADS", "")
+    if text.strip():
+        try:
+            return max(1, int(text))
+        except ValueError:
+            raise ArgumentError(f"EMBER_NUM_THREADS: expected a whole number of threads, got {text!r}") from None
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows
+        return os.cpu_count() or 1
 
 
 class Backend:
@@ -25,6 +41,9 @@ class Backend:
     kernels: dict[str, Callable[..., Any]]
     gaps: dict[str, str]
     dtypes: tuple[dt.DType, ...] = dt.ALL
+    # the threads a compiled plan may split a run of in-place elementwise steps across, block by block: more than
+    # one only where each kernel call runs on one CPU and lets the GIL go (NumPy's ufuncs; PyTorch has threads of its own)
+    threads: int = 1
 
     def coerce(self, value) -> Any:
         """A kernel's output as a native array (NumPy returns scalars for 0-d results)."""

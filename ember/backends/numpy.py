@@ -3,6 +3,7 @@ the Array API standard for most operations; array_api_compat fills the rest."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import array_api_compat.numpy as compat
@@ -10,7 +11,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..ops.indexing import decode_key
-from .base import Backend
+from .base import Backend, cpu_threads
 from .numpy_nn import KERNELS as NN_KERNELS
 
 NATIVE, EMBER = dt.NUMPY, dt.FROM_NUMPY  # NumPy's dtypes are the host's: the map lives in dtypes
@@ -198,6 +199,10 @@ class NumpyBackend(Backend):
     native_type = np.ndarray
     kernels = KERNELS
     gaps: dict = {}
+
+    @functools.cached_property
+    def threads(self) -> int:
+        return cpu_threads()
 
     def coerce(self, value):
         return np.asarray(value)
