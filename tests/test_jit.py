@@ -207,6 +207,34 @@ def test_every_thread_of_a_split_run_works_under_the_callers_errstate(split_smal
     assert np.isinf(values[0]).all()
 
 
+def _split_in_child(queue):
+    x = em.asarray(np.random.default_rng(0).random(1_000_000, dtype=np.float32))
+    queue.put(bool(np.array_equal(em.asnumpy(em.jit(lambda x: chain(x, 100))(x)), em.asnumpy(chain(x, 100)))))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_splits_with_threads_of_its_own(monkeypatch):
+    """The parent's pool has threads the child lacks: the child makes a pool of its own, where reusing the parent's
+    would leave its blocks unworked and the run waiting for ever."""
+    import multiprocessing
+    monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 2)
+    x = em.asarray(np.random.default_rng(0).random(1_000_000, dtype=np.float32))
+    em.jit(lambda x: chain(x, 100))(x)
+    assert local._POOL  # the parent's pool is made
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_split_in_child, args=(queue,))
+    child.start()
+    try:
+        assert queue.get(timeout=60) is True
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+
+
 def test_the_split_threads_come_from_the_cpus_or_ember_num_threads(monkeypatch):
     monkeypatch.setenv("EMBER_NUM_THREADS", "3")
     assert cpu_threads() == 3
