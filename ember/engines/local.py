@@ -189,9 +189,9 @@ class LocalEngine(Engine):
                 slots[outs[0]] = slots[over]
                 ending.remove(over)
                 kernel, fetch, store = into, getter(args + [slots[over]]), None
-                shape = metas[outs[0]].shape
-                if all(metas[r].shape == shape for r in refs if type(r) is int):  # every array operand sliced alike
-                    spans[len(steps)] = (shape, frozenset(slots[r] for r in refs if type(r) is int))
+                arrays = [r for r in refs if type(r) is int]
+                if meta is not None and all(getattr(metas.get(r), "shape", None) == meta.shape for r in arrays):
+                    spans[len(steps)] = (meta.shape, frozenset(slots[r] for r in arrays))  # each array sliced alike
             else:
                 store = tuple(slot(o) for o in outs)
                 if len(store) == 1 and not op.multiple:
@@ -359,13 +359,14 @@ class _Run:
 
 
 # A run of in-place elementwise steps splits across threads where its arrays hold SPLIT_MIN elements and the run
-# SPLIT_WORK element-ops (a thread's start costs tens of µs; the 100-op chain on 64K float32 split ran at 0.84-1.05x
-# raw NumPy against 0.90-0.96x on one thread, on 128K at 0.63-0.68x against 0.76-0.82x). A thread takes SPLIT_BLOCK elements at a time: 512 KB
-# of float32 stays in a core's L2 through the run, and each kernel call is long enough that the two threads seldom
-# wait for the GIL (blocks of 16K elements made the 100-op chain on 1M float32 slower than one thread). Blocks start
-# at multiples of SPLIT_ALIGN elements, so SIMD loops see whole vectors, as in eager execution. Towards the end a
-# block is a share of what is left, down to SPLIT_TAIL elements, so no thread waits long for the last block of
-# another (guided scheduling: 0.44x raw NumPy on the 100-op chain on 1M float32 where equal blocks took 0.51x).
+# SPLIT_WORK element-ops: a thread's start costs tens of µs (the 100-op chain on 64K float32 split ran at 0.84-1.05x
+# raw NumPy against 0.90-0.96x on one thread, on 128K at 0.63-0.68x against 0.76-0.82x). A thread takes SPLIT_BLOCK
+# elements at a time: 512 KB of float32 stays in a core's L2 through the run, and each kernel call is long enough
+# that the two threads seldom wait for the GIL (blocks of 16K elements made the 100-op chain on 1M float32 slower
+# than one thread). Blocks start at multiples of SPLIT_ALIGN elements, so SIMD loops see whole vectors, as in eager
+# execution. Towards the end a block is a share of what is left, down to SPLIT_TAIL elements, so no thread waits
+# long for the last block of another (guided scheduling: 0.44x raw NumPy on the 100-op chain on 1M float32 where
+# equal blocks took 0.51x).
 SPLIT_MIN, SPLIT_WORK, SPLIT_BLOCK, SPLIT_TAIL, SPLIT_ALIGN = 1 << 17, 1 << 21, 1 << 17, 1 << 14, 256
 
 
