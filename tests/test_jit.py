@@ -166,15 +166,44 @@ def test_a_long_run_on_a_large_array_splits_across_threads_and_gives_eager_value
 
     small = em.jit(lambda x: chain(x, 1000))
     small(em.asarray(np.ones(1000, dtype=np.float32)))
-    assert not splits(small)
+    short = em.jit(lambda x: (x * 2.0 + 1.0) * 3.0)  # two in-place steps on 300K elements: under SPLIT_WORK
+    short(a)
+    assert not splits(small) and not splits(short)
+
+    monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 1)  # EMBER_NUM_THREADS=1: one loop, as before
+    one = em.jit(lambda x: chain(x, 100))
+    np.testing.assert_array_equal(em.asnumpy(one(x)), em.asnumpy(chain(x, 100)))
+    assert not splits(one)
 
 
-def test_a_split_run_over_a_strided_argument_runs_whole(split_small):
-    """An argument that is a strided view has no flat blocks: its run goes the plain way, with the same values."""
-    host = np.arange(20.0).reshape(4, 5)
-    x, y = em.asarray(host), em.asarray(host.T.copy().T)  # y: Fortran order, a view no flat block can take
+def test_in_place_steps_over_two_shapes_in_turn_split_apart(split_small):
+    """Consecutive in-place steps over arrays of two shapes (steps a plan could order so) make one split each:
+    a block of one shape's arrays is never taken of the other's."""
+    def step(slot, value):
+        def fetch(values):
+            return values[slot], value, values[slot]
+        return np.add, fetch, None, (), (None, fetch)
+    steps = [step(0, 1.0), step(1, 10.0), step(0, 2.0), step(1, 20.0)]
+    spans = {0: ((6,), {0}), 1: ((4,), {1}), 2: ((6,), {0}), 3: ((4,), {1})}
+    program = local._program(steps, spans, 2)
+    assert [type(item) for item in program] == [local.Split] * 4 and [item.size for item in program] == [6, 4, 6, 4]
+    values = [np.zeros(6), np.zeros(4)]
+    for split in program:
+        assert split.run(values) is None
+    np.testing.assert_array_equal(values[0], np.full(6, 3.0))
+    np.testing.assert_array_equal(values[1], np.full(4, 30.0))
+
+
+def test_a_split_run_over_arrays_not_in_c_order_runs_whole(split_small):
+    """A Fortran-ordered argument makes a Fortran-ordered result, and a strided view has no flat blocks: a run over
+    either goes the plain way (a flat block of such an array would be a copy, and a write into it lost)."""
+    host, strided = np.arange(20.0).reshape(4, 5), np.arange(40.0).reshape(4, 10)[:, ::2]
+    x = em.asarray(np.asfortranarray(host))  # x * 2.0, the buffer the run writes over, is in Fortran order too
+    y = em.asarray(strided)
     function = em.jit(lambda x, y: (x * 2.0 + y) * y)
-    np.testing.assert_array_equal(em.asnumpy(function(x, y)), (host * 2.0 + host) * host)
+    expected = (host * 2.0 + strided) * strided
+    np.testing.assert_array_equal(em.asnumpy(function(x, y)), expected)
+    np.testing.assert_array_equal(em.asnumpy(function(x, y)), expected)
     assert splits(function)
 
 
@@ -233,6 +262,23 @@ def test_a_forked_child_splits_with_threads_of_its_own(monkeypatch):
         if child.is_alive():
             child.kill()
     assert child.exitcode == 0
+
+
+def test_a_step_failing_in_a_helper_thread_is_the_runs_failure(split_small):
+    """Only the helper's block raises (a barrier makes each thread take one block): the run reports it."""
+    barrier, caller = threading.Barrier(2, timeout=30), threading.get_ident()
+
+    def kernel(x, out):
+        barrier.wait()
+        if threading.get_ident() != caller:
+            raise ValueError("in the helper's block")
+        np.negative(x, out=out)
+
+    def fetch(values):
+        return values[0], values[0]
+    split = local.Split([(kernel, fetch)], [0], 4, 2)
+    failed_kernel, failed_fetch, error = split.run([np.ones(4)])
+    assert (failed_kernel, failed_fetch, str(error)) == (kernel, fetch, "in the helper's block")
 
 
 def test_the_split_threads_come_from_the_cpus_or_ember_num_threads(monkeypatch):
