@@ -194,8 +194,9 @@ def test_a_chain_of_large_arrays_holds_on_the_peer_what_it_holds_locally():
 
 def test_a_jitted_chain_of_large_arrays_on_a_peer_gives_eager_values_exactly():
     """A registered graph runs through the peer's compiled plan, which splits the chain's 99 in-place steps on 1M
-    float32 across two threads (EMBER_NUM_THREADS): bit for bit what eager execution gives, call after call."""
-    with Peer(env={"EMBER_NUM_THREADS": "2"}) as running:
+    float32 across two threads (EMBER_NUM_THREADS): bit for bit what eager execution gives, call after call, in
+    the 24 MiB quota eager execution needs (a run reserves the op path's peak, 8 MB, not its 400 MB of arrays)."""
+    with Peer("--max-session-bytes", str(24 << 20), env={"EMBER_NUM_THREADS": "2"}) as running:
         remote = em.device(running.url())
         host = np.random.default_rng(0).random(1_000_000, dtype=np.float32)
         jitted = em.jit(lambda x: chain(em, x, 100))

@@ -255,6 +255,33 @@ def test_a_registered_graph_is_compiled_as_a_local_jit_is():
     np.testing.assert_array_equal(y, np.full(1000, -9.0))
 
 
+def test_a_registered_graph_reserves_the_op_paths_peak_not_every_intermediate():
+    """An 80-op chain on 10,000 float64 (80 kB an array) holds at most two arrays at once on the op path (and its
+    plan, one): a run reserves those 160 kB, not the 6.4 MB of every intermediate. One byte less is refused."""
+    import ember as em
+    with em.capture() as cap:
+        y = cap.input((10_000,), em.float64, "x")
+        for _ in range(40):
+            y = y * 1.5 - 1.0
+        cap.output(y, "y")
+    host = np.linspace(0, 1, 10_000)
+    expected = host
+    for _ in range(40):
+        expected = expected * 1.5 - 1.0
+    session = _open(_host(Limits(max_tensor_bytes=1 << 20, max_session_bytes=80_000 + 160_000)))
+    _batch(session, register_message(1, cap.graph), ("put", 1, 0), segments=[host])
+    assert session.graphs[1][6] == 160_000  # the need a run reserves
+    (_, (y,)), = _batch(session, ("run", 1, (1,), (2,)), ("get", 3, 2))
+    np.testing.assert_array_equal(y, expected)
+    assert session.used == session.live_bytes() == 160_000  # the input and the result
+    _batch(session, ("drop", (2,)))
+    session.limits = replace(session.limits, max_session_bytes=80_000 + 160_000 - 1)
+    (reply,) = _replies(_batch(session, ("run", 1, (1,), (4,)), ("get", 5, 4)))
+    assert reply[2:] == ("ResourceLimitError", "run of graph 1: 160000 more bytes would exceed this session's quota "
+                                               "of 239999 bytes (80000 in use)")
+    assert session.used == session.live_bytes() == 80_000
+
+
 @pytest.mark.parametrize("run, kind, message", [
     ((7, (1, 1), (9,)), "ProtocolError", "run: graph 7 takes 1 inputs and gives 1 outputs; got 2 input ids and 1 output ids"),
     ((7, (), (9,)), "ProtocolError", "run: graph 7 takes 1 inputs and gives 1 outputs; got 0 input ids and 1 output ids"),

@@ -66,6 +66,19 @@ def endings(records: tuple, let_go: tuple) -> dict:
     return ended
 
 
+def peak(records: tuple, needs: list, ended: dict, metas: dict) -> int:
+    """The most bytes the op path holds at once running ``records``: each record's need while it
+    runs (``needs``: its outputs, and its kernels' scratch) over what the records before it made
+    and still hold, the outputs in ``ended`` (what :func:`endings` makes) let go after their last
+    use. What a compiled run or graph reserves: its plan holds no more."""
+    held = most = 0
+    for index, (_, _, outs, _) in enumerate(records):
+        most = max(most, held + needs[index])
+        held += sum(metas[o].nbytes for o in outs)
+        held -= sum(metas[ref].nbytes for ref in ended.get(index, ()))
+    return most
+
+
 def _tensor(ref: int, base: int, inputs: tuple):
     """The tensor id relative reference ``ref`` names, or None for an input beyond ``inputs``."""
     if ref >= 0:
@@ -136,12 +149,8 @@ class RunPlan:
             return NOT_COMPILED
         going = set(let_go)
         kept = list(dict.fromkeys(o for o in outputs if o not in going))
-        held = need = 0  # the op path's peak: every output made so far, less those let go after their last use
-        for index, (_, _, _, _, _, out_metas) in enumerate(checked):
-            held += out_metas[0].nbytes
-            need = max(need, held)
-            held -= sum(known[ref].nbytes for ref in ended.get(index, ()))
         ops = [(row, refs, outs, attrs) for row, refs, outs, attrs, _, _ in checked]
+        need = peak(ops, [out_metas[0].nbytes for *_, out_metas in checked], ended, known)
         engine = session.engine
         if not engine.computes_every_dtype:  # its op path checks each op's dtypes; a plan would not
             return NOT_COMPILED

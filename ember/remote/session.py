@@ -32,7 +32,7 @@ from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
 from .access import single_token
-from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, RunPlan, absolute, endings, records_of
+from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, RunPlan, absolute, endings, peak, records_of
 from .transfers import CAPABILITY_BYTES, FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Outcome, Transfers
 
 log = logging.getLogger("ember.serve")
@@ -662,7 +662,7 @@ class Session:
         self.graphs_registered += 1
         known = {tid: Meta(tuple(shape), dtype) for tid, dtype, shape in inputs}
         values, held, need = {}, 0, 0
-        records, error, plan = [], None, None
+        records, needs, error, plan = [], [], None, None
         try:  # validate the whole graph once: every constant, every row's meta rule, every limit
             for tid, index in constants:
                 host = frame_segments[index]
@@ -676,12 +676,15 @@ class Session:
             for row, refs, outs, attrs, in_metas, out_metas in check_records(ops, known):
                 if any(None in m.shape for m in out_metas):
                     raise ProtocolError(f"{row.name}: data-dependent shapes cannot be part of a graph")
-                # a run may hold every intermediate at once, and each kernel's scratch
-                need += self._need(row, in_metas, attrs, out_metas)
+                needs.append(self._need(row, in_metas, attrs, out_metas))  # its outputs and its kernels' scratch
                 records.append((row, refs, outs, attrs))
             missing = [o for o in outputs if o not in known]
             if missing:
                 raise ProtocolError(f"graph output {missing[0]} is not produced by the graph")
+            # a run holds what the op path would: each intermediate until its last use (the plan lets it go then)
+            returned = set(outputs)
+            intermediates = tuple(o for _, _, outs, _ in records for o in outs if o not in returned)
+            need = peak(records, needs, endings(records, intermediates), known)
             plan = self.engine.compile(records, [tid for tid, _, _ in inputs], values, outputs, known)
         except Exception as failure:
             error = self._fail(_error_kind(failure), f"graph: {failure}")
