@@ -338,9 +338,10 @@ def _program(steps: list, spans: dict, threads: int) -> list:
     for item in program:
         if type(item) is not _Run:
             merged.append(item)
-        elif item.shape is not None and math.prod(item.shape) >= SPLIT_MIN \
-                and math.prod(item.shape) * len(item.pairs) >= SPLIT_WORK:
-            merged.append(Split(item.pairs, sorted(item.slots), math.prod(item.shape), threads))
+            continue
+        size = math.prod(item.shape) if item.shape is not None else 0
+        if size >= SPLIT_MIN and size * len(item.pairs) >= SPLIT_WORK:
+            merged.append(Split(item.pairs, sorted(item.slots), size, threads))
         elif merged and type(merged[-1]) is list:  # runs too small to split are one loop again
             merged[-1].extend(item.pairs)
         else:
@@ -374,10 +375,9 @@ class Split:
     """A run of in-place elementwise steps whose arrays share one shape, run on several threads a
     block of elements at a time: each thread takes the next block and runs every step on it, so a
     block stays in the core's cache through the run and a busy CPU takes fewer blocks (smaller ones
-    towards the end, so the threads end together). Element ``i``
-    of each result reads element ``i`` of each operand only, so blocks give eager execution's values.
-    NumPy lets the GIL go inside each kernel; a worker runs in a copy of the caller's context, so
-    ``np.errstate`` holds there too."""
+    towards the end, so the threads end together). Element ``i`` of each result reads element ``i``
+    of each operand only, so blocks give eager execution's values. NumPy lets the GIL go inside each
+    kernel; a worker runs in a copy of the caller's context, so ``np.errstate`` holds there too."""
 
     __slots__ = ("pairs", "slots", "size", "threads")
 
