@@ -255,11 +255,11 @@ class Plan:
     after it; ``inputs(values)`` are its inputs, for an error's message."""
 
     def __init__(self, engine: LocalEngine, steps: list, n_slots: int, preset: list, inputs: list, outputs: list,
-                 spans: dict | None = None):
+                 spans: dict):
         self.engine, self.steps, self.n_slots = engine, steps, n_slots
         self._native_type, self._coerce = engine._native_type, engine.backend.coerce
         self.preset, self.inputs, self.outputs = preset, inputs, outputs
-        self._program = _program(steps, spans or {}, engine.backend.threads)
+        self._program = _program(steps, spans, engine.backend.threads)
 
     def run(self, inputs) -> list:
         values = self.trace(inputs)
@@ -386,37 +386,36 @@ class Split:
 
     def run(self, values: list):
         """Runs the steps over ``values``; None, or ``(kernel, fetch, error)`` of a step that raised."""
-        pairs = self.pairs
-        arrays = [values[i] for i in self.slots]
-        if not all(a.flags.c_contiguous for a in arrays):  # a caller's strided view: no flat blocks of it
+        pairs, failures = self.pairs, []
+
+        def steps(chunk):  # every step over one chunk of the values; a failure is kept with its step
             kernel = fetch = None
             try:
                 for kernel, fetch in pairs:
-                    kernel(*fetch(values))
+                    kernel(*fetch(chunk))
             except Exception as error:
-                return kernel, fetch, error
-            return None
+                failures.append((kernel, fetch, error))
+
+        arrays = [values[i] for i in self.slots]
+        if not all(a.flags.c_contiguous for a in arrays):  # a caller's strided view: no flat blocks of it
+            steps(values)
+            return failures[0] if failures else None
         flats = [(i, a.reshape(-1)) for i, a in zip(self.slots, arrays)]
         size, share = self.size, 2 * self.threads
-        lock, failures, taken = threading.Lock(), [], [0]
+        lock, taken = threading.Lock(), [0]
 
         def work():
             chunk = values.copy()  # the values, with each array replaced by its current block
-            kernel = fetch = None
-            try:
-                while not failures:
-                    with lock:  # the next block: SPLIT_BLOCK, less towards the end, so the threads end together
-                        start = taken[0]
-                        if start >= size:
-                            return
-                        block = min(SPLIT_BLOCK, max(SPLIT_TAIL, -(-(size - start) // share)))
-                        end = taken[0] = start + -(-block // SPLIT_ALIGN) * SPLIT_ALIGN
-                    for index, flat in flats:
-                        chunk[index] = flat[start:end]
-                    for kernel, fetch in pairs:
-                        kernel(*fetch(chunk))
-            except Exception as error:
-                failures.append((kernel, fetch, error))
+            while not failures:
+                with lock:  # the next block: SPLIT_BLOCK, less towards the end, so the threads end together
+                    start = taken[0]
+                    if start >= size:
+                        return
+                    block = min(SPLIT_BLOCK, max(SPLIT_TAIL, -(-(size - start) // share)))
+                    end = taken[0] = start + -(-block // SPLIT_ALIGN) * SPLIT_ALIGN
+                for index, flat in flats:
+                    chunk[index] = flat[start:end]
+                steps(chunk)
 
         pool = _pool(self.threads - 1)
         helpers = [pool.submit(contextvars.copy_context().run, work) for _ in range(self.threads - 1)]

@@ -575,6 +575,8 @@ class Session:
 
     def _read(self, tid, rid, replies) -> object | None:
         value = self.tensors.get(tid) if isinstance(tid, int) else None
+        if value is not None and type(value) is not Poison:  # the common case: a live tensor
+            return value
         if value is None and self.incoming and type(tid) is int and tid in self.incoming:
             self._settle(tid)
             value = self.tensors.get(tid)
@@ -591,11 +593,9 @@ class Session:
         rid, tid = body
         index = self._sent.get(tid) if type(tid) is int else None
         if index is None:  # each tensor goes once per reply, however often a batch reads it
-            value = self.tensors.get(tid) if type(tid) is int else None
-            if value is None or type(value) is Poison:  # _read says why, or settles a fetch
-                value = self._read(tid, rid, replies)
-                if value is None:
-                    return
+            value = self._read(tid, rid, replies)
+            if value is None:
+                return
             host = self.engine.download(value)
             if not host.flags.c_contiguous:  # the frame needs its bytes in C order: a copy, counted
                 try:

@@ -332,7 +332,7 @@ class FrameReader:
             raise ProtocolError(f"segments disagree with the payload length {payload}")
         for a, nbytes in zip(arrays, sizes):
             if nbytes and a is not None:
-                memoryview(a).cast("B")[:] = data[offset:offset + nbytes]  # allocate's arrays are C-contiguous
+                bytes_of(a)[:] = data[offset:offset + nbytes]  # allocate's arrays are C-contiguous
             offset += nbytes
         return _tuple_new(Frame, (header, arrays)), end
 
