@@ -177,6 +177,85 @@ def test_a_long_run_on_a_large_array_splits_across_threads_and_gives_eager_value
     assert not splits(one)
 
 
+def _address(array) -> int:
+    return em.asnumpy(array).__array_interface__["data"][0]
+
+
+def test_a_call_writes_its_result_over_the_last_calls_result_where_nothing_else_holds_it(monkeypatch):
+    """A result read and let go is the next call's buffer (no fresh memory, no page faults); a result
+    that anything still sees — an Array, its NumPy array, a view of it, a memoryview, a weak
+    reference — is never written over, and each call gives its own inputs' values. Outputs over
+    ``REFILL_BYTES`` are not kept."""
+    rng = np.random.default_rng(0)
+    x, other = (em.asarray(rng.random(1_000_000, dtype=np.float32)) for _ in range(2))
+
+    def function(x):  # one fresh buffer, then in place (not the chain: it converges, so inputs would not tell apart)
+        return em.exp(x * 0.5) * 2.0 + x
+    jitted = em.jit(function)
+    expected, expected_other = em.asnumpy(function(x)), em.asnumpy(function(other))
+    assert not (expected == expected_other).any()
+    first = _address(jitted(x))  # the Array and its NumPy array are let go at once
+    again = jitted(x)
+    assert _address(again) == first
+    np.testing.assert_array_equal(em.asnumpy(again), expected)
+    del again
+
+    def kept(hold):  # what `hold` keeps of a result must survive a call on other inputs
+        result = jitted(x)
+        held = hold(result)
+        del result
+        np.testing.assert_array_equal(em.asnumpy(jitted(other)), expected_other)
+        return held
+    assert (em.asnumpy(kept(lambda y: y)) == expected).all()
+    assert (kept(em.asnumpy) == expected).all()
+    assert (kept(lambda y: em.asnumpy(y)[::2]) == expected[::2]).all()
+    assert (np.frombuffer(kept(lambda y: memoryview(em.asnumpy(y))), np.float32) == expected).all()
+    import weakref
+    reference = kept(lambda y: weakref.ref(em.asnumpy(y)))
+    assert reference() is None or (reference() == expected).all()
+
+    (graph, _), = jitted.graphs.values()
+    (refilled,) = [item for item in x.device.engine._plans[graph]._refills[1] if type(item) is not list or item]
+    assert type(refilled) is (local.Split if x.device.engine.backend.threads > 1 else list)  # all four steps in place
+
+    monkeypatch.setattr(local, "REFILL_BYTES", 4_000_000 - 1)  # one byte less than the result
+    over = em.jit(function)
+    np.testing.assert_array_equal(em.asnumpy(over(x)), expected)
+    (graph, _), = over.graphs.values()
+    assert x.device.engine._plans[graph]._refills is None
+
+
+def test_two_threads_calling_one_plan_never_write_into_one_buffer():
+    """The last call's result is taken by one list operation: a thread that runs the plan while another has
+    just found that result free (and not yet written over it) makes a buffer of its own, so each thread gets
+    its own inputs' values."""
+    jitted = em.jit(lambda x: em.sin(x * 2.0) + 1.0)
+    inputs = [em.asarray(np.full(100, float(i))) for i in range(2)]
+    expected = [em.asnumpy(em.sin(x * 2.0) + 1.0) for x in inputs]
+    jitted(inputs[0])  # compiled; its result let go
+    (graph, _), = jitted.graphs.values()
+    plan = inputs[0].device.engine._plans[graph]
+    checked, resumed, caller = threading.Event(), threading.Event(), threading.current_thread()
+    unshared = plan._unshared
+
+    def paused(arrays):  # the helper stops right after its check, where a switch of threads could stop it
+        answer = unshared(arrays)
+        if threading.current_thread() is not caller:
+            checked.set()
+            resumed.wait(10)
+        return answer
+    plan._unshared = paused
+    results = {}
+    helper = threading.Thread(target=lambda: results.setdefault(0, em.asnumpy(jitted(inputs[0]))))
+    helper.start()
+    assert checked.wait(10)
+    results[1] = em.asnumpy(jitted(inputs[1]))  # runs while the helper holds the last result, unwritten
+    resumed.set()
+    helper.join()
+    np.testing.assert_array_equal(results[0], expected[0])
+    np.testing.assert_array_equal(results[1], expected[1])
+
+
 def test_in_place_steps_over_two_shapes_in_turn_split_apart(split_small):
     """Consecutive in-place steps over arrays of two shapes (steps a plan could order so) make one split each:
     a block of one shape's arrays is never taken of the other's."""
@@ -385,8 +464,11 @@ def test_a_jitted_elementwise_row_equals_eager_execution(name, split, data, requ
         except em.EmberError:  # a scalar the namespace refuses beside this dtype (a float beside integers)
             assume(False)
         jitted = em.jit(function_of)
-        for _ in range(2):  # captured, then replayed
+        tolerance = _tolerance(dt.FROM_NUMPY[expected.dtype])
+        held = em.asnumpy(jitted(*xs))  # captured; held through the replays, so never written over
+        for _ in range(2):  # replayed, the second time into the first replay's result, let go
             actual = em.asnumpy(jitted(*xs))
             assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape)
-            np.testing.assert_allclose(actual, expected, equal_nan=True, **_tolerance(dt.FROM_NUMPY[expected.dtype]),
-                                       err_msg=name)
+            np.testing.assert_allclose(actual, expected, equal_nan=True, **tolerance, err_msg=name)
+            del actual
+        np.testing.assert_allclose(held, expected, equal_nan=True, **tolerance, err_msg=name)

@@ -60,6 +60,12 @@ class Backend:
         for ``value`` itself: converted once when a plan is compiled, not at every call."""
         return value
 
+    def unshared(self, arrays: tuple) -> bool:
+        """Whether each of ``arrays`` is held by that tuple alone — no name, view, buffer or weak
+        reference anywhere else sees its memory — so a plan may write a new result over it. False
+        where the backend cannot tell (the default: a PyTorch view holds its base in C++)."""
+        return False
+
     def compiled(self, plan) -> Any:
         """A compiled form of ``plan`` (the local engine's Plan of a graph: ``run(inputs)`` and
         ``steps``), for a backend with a compiler of its own (JAX's XLA); None runs the plan as is."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
+import weakref
 
 import array_api_compat.numpy as compat
 import numpy as np
@@ -192,6 +194,14 @@ KERNELS.update(NN_KERNELS)
 _OUT_BY_KEYWORD = (np.maximum, np.minimum)
 
 
+def _references(items: tuple) -> list:
+    """Each item's reference count, seen from here."""
+    return [sys.getrefcount(item) for item in items]
+
+
+_ALONE = _references((object(),))[0]  # the count of an object that one tuple alone holds, taken the same way
+
+
 class NumpyBackend(Backend):
     """NumPy on the host CPU: one device, ``numpy``."""
 
@@ -216,6 +226,15 @@ class NumpyBackend(Backend):
         if kernel in _OUT_BY_KEYWORD:
             return lambda *args: kernel(*args[:-1], out=args[-1])
         return kernel
+
+    def unshared(self, arrays):
+        """Reference counts tell: a view or buffer of an array holds a reference to the array that
+        owns the memory, so an owner counted by ``arrays`` alone (and with no weak reference) is
+        seen by nothing else."""
+        for array, count in zip(arrays, _references(arrays)):
+            if count != _ALONE or type(array) is not np.ndarray or array.base is not None or weakref.getweakrefcount(array):
+                return False
+        return True
 
     def literal(self, value, dtype):
         """A 0-d array of the literal's dtype: the dtype NumPy casts a Python scalar to beside an

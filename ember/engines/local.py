@@ -14,12 +14,14 @@ import weakref
 import numpy as np
 
 from .. import dtypes as dt
+from ..backends.base import Backend
 from ..errors import EmberError, ExecutionError, IndexingError, NotSupportedError
 from ..ops.records import LITERAL_METAS
 from ..ops.table import Meta, fmt_shape
 from .base import Engine
 
 LITERALS_KEPT = 1024  # the scalar literals an engine keeps converted (a loop's changing scalars stop there)
+REFILL_BYTES = 64 << 20  # the most a plan keeps of its last call's outputs to write the next call's into (as downloads)
 
 
 class LocalEngine(Engine):
@@ -107,7 +109,8 @@ class LocalEngine(Engine):
         """Whether the backend computes on every dtype (else ops check theirs before running)."""
         return self._all_dtypes
 
-    def compile(self, ops, input_ids, constants: dict, output_ids, metas: dict | None = None, native: bool = True) -> Plan:
+    def compile(self, ops, input_ids, constants: dict, output_ids, metas: dict | None = None, native: bool = True,
+                refill: bool = False) -> Plan:
         """A plan running ``ops`` — ``(row, refs, output ids, attrs)`` records whose refs are node
         ids or ``(value, dtype name)`` literals — straight through the kernel table: the records
         were validated once, so a replay pays only for the kernels.
@@ -123,6 +126,14 @@ class LocalEngine(Engine):
         buffer, made by such a kernel and read by no other kind, so no view of it lives on — and
         the literals of such rows are converted once (:meth:`Backend.literal`). A chain then
         runs in one buffer, with no fresh memory per op, under the kernel's casting rules.
+
+        With ``refill``, where the backend can tell that nothing else holds an array
+        (:meth:`Backend.unshared`), a call writes each output that a ``into`` kernel makes afresh
+        into the same output of the call before, if the caller has let all of those go: a result
+        read and dropped costs no fresh memory (a large one, none of the page faults of memory the
+        allocator gave back to the system). The plan keeps one call's outputs for this, up to
+        ``REFILL_BYTES``, as a caching allocator keeps freed blocks; a peer, whose memory is
+        counted, compiles without.
 
         A backend with a compiler of its own compiles the plan (:meth:`Backend.compiled`) unless
         ``native`` is False: JAX hands it to ``jax.jit``, per input shapes and dtypes, so a graph
@@ -159,6 +170,7 @@ class LocalEngine(Engine):
             return fetch
 
         steps = []
+        fresh: dict = {}  # step index -> (into kernel, arg slots, output node, its arrays' refs): a result made afresh
         spans: dict = {}  # in-place step -> (its arrays' one shape, their slots): the steps a run may split into blocks
         for index, (op, refs, outs, attrs) in enumerate(ops):
             kernel, into = self._kernels.get(op.name), intos[index]
@@ -199,9 +211,27 @@ class LocalEngine(Engine):
                 fetch = getter(args)
                 if attrs:
                     kernel = functools.partial(kernel, **attrs)
+                elif into is not None and metas is not None and type(store) is int:
+                    fresh[len(steps)] = (into, args, outs[0], [r for r in refs if type(r) is int])
             ending += [o for o in outs if o not in last and o not in kept]
             steps.append((kernel, fetch, store, tuple(slots[n] for n in ending), (op, getter(args))))
-        plan = Plan(self, steps, len(slots), preset, inputs, [slots[o] for o in output_ids], spans)
+        outputs = [slots[o] for o in output_ids]
+        refills = None  # the steps again, each output made afresh written over the last call's: (slots, steps, spans)
+        if refill and type(backend).unshared is not Backend.unshared:
+            ends = set(outputs)
+            refilled = [i for i, (_, _, out, _) in fresh.items()
+                        if slots[out] in ends and getattr(metas.get(out), "size", None) is not None]
+            if refilled and sum(metas[fresh[i][2]].nbytes for i in refilled) <= REFILL_BYTES:
+                again, again_spans = list(steps), dict(spans)
+                for index in refilled:
+                    into, args, out, arrays = fresh[index]
+                    kernel, fetch, store, ended, info = steps[index]
+                    again[index] = (into, getter(args + [store]), None, ended, info)
+                    meta = metas.get(out)
+                    if meta is not None and all(getattr(metas.get(r), "shape", None) == meta.shape for r in arrays):
+                        again_spans[index] = (meta.shape, frozenset([store, *(slots[r] for r in arrays)]))
+                refills = (tuple(steps[i][2] for i in refilled), again, again_spans)
+        plan = Plan(self, steps, len(slots), preset, inputs, outputs, spans, refills)
         return (native and backend.compiled(plan)) or plan
 
     def run_graph(self, graph, inputs: list) -> list:
@@ -209,7 +239,7 @@ class LocalEngine(Engine):
         if plan is None:
             ops = [(op.row, op.inputs, op.outputs, op.attrs) for op in graph.ops]
             plan = self._plans[graph] = self.compile(ops, [i for _, i, _ in graph.inputs], graph.constant_handles(self),
-                                                     [i for _, i in graph.outputs], graph.metas)
+                                                     [i for _, i in graph.outputs], graph.metas, refill=True)
         return plan.run(inputs)
 
     def stats(self) -> dict:
@@ -252,17 +282,39 @@ class Plan:
     A step is ``(kernel, fetch, store, ended, (row, inputs))``: ``kernel(*fetch(values))`` runs
     it; ``store`` is the slot of its one output, a tuple of slots for a row with several, or None
     where the kernel writes into a slot that ``fetch`` hands it; ``ended`` lists the slots let go
-    after it; ``inputs(values)`` are its inputs, for an error's message."""
+    after it; ``inputs(values)`` are its inputs, for an error's message. ``refills``, where given,
+    is ``(slots, steps, spans)``: the slots of outputs made afresh, and the steps writing them into
+    the last call's instead (:meth:`LocalEngine.compile`)."""
 
     def __init__(self, engine: LocalEngine, steps: list, n_slots: int, preset: list, inputs: list, outputs: list,
-                 spans: dict):
+                 spans: dict, refills: tuple | None = None):
         self.engine, self.steps, self.n_slots = engine, steps, n_slots
         self._native_type, self._coerce = engine._native_type, engine.backend.coerce
         self.preset, self.inputs, self.outputs = preset, inputs, outputs
-        self._program = _program(steps, spans, engine.backend.threads)
+        threads = engine.backend.threads
+        self._program = _program(steps, spans, threads)
+        self._refills = None
+        if refills is not None:
+            slots, again, again_spans = refills
+            self._refills = (slots, _program(again, again_spans, threads), again)
+            self._unshared = engine.backend.unshared
+            self._kept: list = []  # the last call's outputs of those slots, in a tuple: the only reference the plan holds
 
     def run(self, inputs) -> list:
-        values = self.trace(inputs)
+        refills = self._refills
+        if refills is None:
+            values = self._trace(inputs, self._program, self.steps, ())
+        else:
+            slots, program, steps = refills
+            try:
+                spares = self._kept.pop()  # one list operation: two threads running the plan never take the same
+            except IndexError:
+                spares = None
+            if spares is not None and self._unshared(spares):
+                values = self._trace(inputs, program, steps, zip(slots, spares))
+            else:
+                values = self._trace(inputs, self._program, self.steps, ())
+            self._kept[:] = [tuple([values[index] for index in slots])]
         self.engine.ops_executed += len(self.steps)
         outputs = []
         for index in self.outputs:  # a loop: a comprehension's own frame costs more for the few outputs a plan has
@@ -272,15 +324,20 @@ class Plan:
     def trace(self, inputs) -> list:
         """Every value slot after running the steps on ``inputs`` (a compiler traces this with its own
         arrays: JAX's jit)."""
+        return self._trace(inputs, self._program, self.steps, ())
+
+    def _trace(self, inputs, program: list, steps: list, spares) -> list:
         values = [None] * self.n_slots
         for index, value in self.preset:
             values[index] = value
         for index, value in zip(self.inputs, inputs):
             values[index] = value
+        for index, value in spares:  # arrays the refill steps write over
+            values[index] = value
         native_type, coerce = self._native_type, self._coerce
         kernel = fetch = None
         try:
-            for item in self._program:
+            for item in program:
                 if type(item) is list:  # steps that write in place: nothing to store, nothing let go
                     for kernel, fetch in item:
                         kernel(*fetch(values))
@@ -307,7 +364,7 @@ class Plan:
         except Exception as error:
             # the failing step is one with the kernel and the getter the loop holds: steps that share both run one
             # kernel on the same slots, and name the same op and inputs
-            op, inputs_of = next(step[4] for step in self.steps if step[0] is kernel and step[1] is fetch)
+            op, inputs_of = next(step[4] for step in steps if step[0] is kernel and step[1] is fetch)
             raise _translate(error, op.name, inputs_of(values)) from error
         return values
 
