@@ -128,7 +128,7 @@ class LocalEngine(Engine):
         runs in one buffer, with no fresh memory per op, under the kernel's casting rules.
 
         With ``refill``, where the backend can tell that nothing else holds an array
-        (:meth:`Backend.unshared`), a call writes each output that a ``into`` kernel makes afresh
+        (:meth:`Backend.unshared`), a call writes each output that an ``into`` kernel makes afresh
         into the same output of the call before, if the caller has let all of those go: a result
         read and dropped costs no fresh memory (a large one, none of the page faults of memory the
         allocator gave back to the system). The plan keeps one call's outputs for this, up to

@@ -76,6 +76,10 @@ class WebSocketConnection:
             raise ConnectionLost(f"the WebSocket closed: {error}") from None
 
     def _send(self, buffers: list) -> int:
+        if len(buffers) == 1 and type(buffers[0]) is bytes and len(buffers[0]) <= _FRAGMENT:  # a small frame (encode_frame)
+            self.protocol.send_binary(buffers[0])
+            self._flush()
+            return len(buffers[0])
         views = [memoryview(b).cast("B") for b in buffers]
         total = sum(v.nbytes for v in views)
         chunks = []
@@ -140,11 +144,12 @@ class WebSocketConnection:
                 if self._peer_closed:
                     raise ConnectionLost("the peer closed the WebSocket")
                 for event in self._pump(timeout):
-                    if getattr(event, "opcode", None) in (Opcode.BINARY, Opcode.CONT):
+                    opcode = getattr(event, "opcode", None)
+                    if opcode is Opcode.BINARY or opcode is Opcode.CONT:
                         self._frames.extend(self.reader.feed(event.data))  # fragments go straight to the reader
-                    elif getattr(event, "opcode", None) == Opcode.TEXT:
+                    elif opcode is Opcode.TEXT:
                         raise ProtocolError("text WebSocket messages are not part of the ember protocol")
-                    elif getattr(event, "opcode", None) == Opcode.CLOSE:
+                    elif opcode is Opcode.CLOSE:
                         self._peer_closed = True  # frames that came before the close are still delivered
         finally:
             if timeout is not None:
