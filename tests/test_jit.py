@@ -1,9 +1,11 @@
 """``em.jit`` at its edges: what the jitted function says of itself, calls without arrays,
 arguments on two devices, results on the arguments' device, keyword arguments, what a graph
 names its inputs and outputs, and outputs the function did not compute; what a compiled plan
-holds (each value let go after its last use, a chain run in one buffer); long runs split across
+holds (each value let go after its last use, a chain run in one buffer, a result written over the
+last call's only where nothing else holds it, never by two threads at once); long runs split across
 threads (blocks, errors, errstate, forks, the thresholds); and, generated from the op table, every
-elementwise row jitted against eager execution, whole and split."""
+elementwise row jitted against eager execution, whole and split, its last replay into the result
+of the one before."""
 
 from __future__ import annotations
 
@@ -213,6 +215,10 @@ def test_a_call_writes_its_result_over_the_last_calls_result_where_nothing_else_
     import weakref
     reference = kept(lambda y: weakref.ref(em.asnumpy(y)))
     assert reference() is None or (reference() == expected).all()
+
+    backend, owner = x.device.engine.backend, np.zeros(4)
+    assert backend.unshared((np.zeros(4),))  # held by the tuple alone
+    assert not backend.unshared((owner,)) and not backend.unshared((owner[1:],))  # a view's memory is its owner's
 
     (graph, _), = jitted.graphs.values()
     (refilled,) = [item for item in x.device.engine._plans[graph]._refills[1] if type(item) is not list or item]
