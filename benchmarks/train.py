@@ -6,18 +6,20 @@ the same CPU for the same model."""
 from __future__ import annotations
 
 import importlib.util
-import time
 
 import numpy as np
 
+from ember import asarray
 from ember.optim import Adam
 from ember.remote.spawn import PeerProcess
 from ember.spirals import init_params, make_step, train, two_spirals
 
-from .timing import Report, Row
+from .timing import Report, Row, medians
 
 
-def _torch_seconds_per_step(steps: int) -> float | None:
+def _torch_step():
+    """PyTorch eager's spirals step (autograd + torch.optim.Adam, its loss read), as a function of no
+    arguments that trains on; None where PyTorch is not installed."""
     try:
         import torch
         import torch.nn.functional as F
@@ -37,46 +39,52 @@ def _torch_seconds_per_step(steps: int) -> float | None:
         loss.backward()
         optimizer.step()
         return loss.item()
-
-    for _ in range(5):
-        step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - start) / steps
+    return step
 
 
-def _jax_seconds_per_step(steps: int) -> float:
-    """The spirals step under em.jit on jax:cpu, timed after its first calls (capture, XLA compile),
-    as PyTorch's is after its warm-up: the steady state of a training loop."""
-    import ember as em
+def _ember_step(device: str, use_jit: bool):
+    """ember's spirals step on ``device`` as :func:`train` takes it (its loss read), as a function of no
+    arguments that trains on."""
     points, labels = two_spirals()
-    x, y = em.asarray(points, device="jax:cpu"), em.asarray(labels, device="jax:cpu")
-    params = [em.asarray(p, device="jax:cpu") for p in init_params()]
+    x, y = asarray(points, device=device), asarray(labels, device=device)
+    params = [asarray(p, device=device) for p in init_params()]
     optimizer = Adam(lr=0.01)
-    state = optimizer.init(params)
-    step = make_step(optimizer, use_jit=True)
-    for _ in range(5):
-        loss, params, state = step(params, state, x, y)
-        float(loss)
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss, params, state = step(params, state, x, y)
-        float(loss)  # each step reads its loss, as the other rows do
-    return (time.perf_counter() - start) / steps
+    held = [params, optimizer.init(params)]
+    step = make_step(optimizer, use_jit)
+
+    def one():
+        loss, held[0], held[1] = step(held[0], held[1], x, y)
+        return float(loss)
+    return one
+
+
+def _in_turn(candidates: dict, steps: int, rounds: int = 3) -> dict:
+    """Seconds per step of each candidate: blocks of ``steps`` steps taken in turn, ``rounds`` times, the
+    median block of each, after five steps each (a jitted step's capture and compile). Blocks, not single
+    steps in turn: the step after PyTorch's pays for its intra-op threads, which keep a vCPU busy a while."""
+    for step in candidates.values():
+        for _ in range(5):
+            step()
+    blocks = {name: (lambda step=step: [step() for _ in range(steps)]) for name, step in candidates.items()}
+    return {name: seconds / steps for name, seconds in medians(blocks, rounds, warmup=0).items()}
 
 
 def run(quick: bool = False) -> Report:
     report = Report("train")
     steps = 20 if quick else 100
-    torch_step = _torch_seconds_per_step(steps)
-    local = np.median([train("numpy", steps=steps)["seconds_per_step"] for _ in range(3)])
-    local_jit = np.median([train("numpy", steps=steps, use_jit=True)["seconds_per_step"] for _ in range(3)])
+    # PyTorch's steps and ember's local ones in turn, a block each, so the VM's changing speed falls on both
+    candidates = {"local": _ember_step("numpy", False), "local_jit": _ember_step("numpy", True)}
+    if importlib.util.find_spec("jax") is not None:
+        candidates["jax_jit"] = _ember_step("jax:cpu", True)
+    torch = _torch_step()
+    if torch is not None:
+        candidates["torch"] = torch
+    t = _in_turn(candidates, steps)
+    local, local_jit, jax_jit, torch_step = t["local"], t["local_jit"], t.get("jax_jit"), t.get("torch")
     with PeerProcess() as peer:
         train(peer.url(), steps=3, use_jit=True)  # warm the peer
         remote = np.median([train(peer.url(), steps=steps)["seconds_per_step"] for _ in range(3)])
         remote_jit = np.median([train(peer.url(), steps=steps, use_jit=True)["seconds_per_step"] for _ in range(3)])
-    jax_jit = _jax_seconds_per_step(steps) if importlib.util.find_spec("jax") is not None else None
     if torch_step is not None:
         report.add(Row("MLP step, eager local (numpy) vs PyTorch eager", local, "torch", torch_step))
         report.add(Row("MLP step, jit local (numpy) vs PyTorch eager", local_jit, "torch", torch_step, "≤ 1.00x"))
@@ -86,5 +94,6 @@ def run(quick: bool = False) -> Report:
             report.add(Row("MLP step, jit jax:cpu vs PyTorch eager", jax_jit, "torch", torch_step, "≤ 0.50x"))
     report.add(Row("MLP step, eager remote vs eager local", remote, "local", local))
     report.add(Row("MLP step, jit remote vs eager remote", remote_jit, "eager remote", remote))
-    report.notes.append("each step reads its loss (one round trip on a peer); 2-64-64-2 GELU MLP, 400 points, float64")
+    report.notes.append("each step reads its loss (one round trip on a peer); 2-64-64-2 GELU MLP, 400 points, float64; "
+                        f"local rows: the median of three blocks of {steps} steps, taken in turn with PyTorch's")
     return report
