@@ -10,6 +10,7 @@ of the one before."""
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import threading
 
@@ -134,6 +135,12 @@ def split_small(monkeypatch):
     monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 2)
 
 
+@pytest.fixture
+def refill_small(monkeypatch):
+    """Plans keep outputs of any size to write the next call's into (the generated tests' arrays are small)."""
+    monkeypatch.setattr(local, "REFILL_MIN", 0)
+
+
 def splits(jitted) -> list:
     """The runs of the plans of ``jitted`` that split across threads."""
     engine = em.device("numpy").engine
@@ -186,8 +193,9 @@ def _address(array) -> int:
 def test_a_call_writes_its_result_over_the_last_calls_result_where_nothing_else_holds_it(monkeypatch):
     """A result read and let go is the next call's buffer (no fresh memory, no page faults); a result
     that anything still sees — an Array, its NumPy array, a view of it, a memoryview, a weak
-    reference — is never written over, and each call gives its own inputs' values. Outputs over
-    ``REFILL_BYTES`` are not kept."""
+    reference — is never written over, and each call gives its own inputs' values. All plans keep
+    ``REFILL_BYTES`` at most, the ones that ran last; a plan gone lets go of what it kept; outputs under
+    ``REFILL_MIN`` are not kept."""
     rng = np.random.default_rng(0)
     x, other = (em.asarray(rng.random(1_000_000, dtype=np.float32)) for _ in range(2))
 
@@ -224,11 +232,26 @@ def test_a_call_writes_its_result_over_the_last_calls_result_where_nothing_else_
     (refilled,) = [item for item in x.device.engine._plans[graph]._refills[1] if type(item) is not list or item]
     assert type(refilled) is (local.Split if x.device.engine.backend.threads > 1 else list)  # all four steps in place
 
+    def plan_of(jitted):
+        (graph, _), = jitted.graphs.values()
+        return x.device.engine._plans[graph]
+    monkeypatch.setattr(local, "REFILL_BYTES", 6_000_000)  # room for one 4 MB result of all plans, not two
+    another = em.jit(lambda x: em.exp(x * 0.25) * 3.0 - x)
+    jitted(x), another(x)  # the second result pushes the first out
+    assert plan_of(another)._key in local.KEPT and plan_of(jitted)._key not in local.KEPT
+    assert local.KEPT.nbytes <= 6_000_000
+    key = plan_of(another)._key
+    del another
+    gc.collect()
+    assert key not in local.KEPT  # a plan gone, what it kept goes with it
+
     monkeypatch.setattr(local, "REFILL_BYTES", 4_000_000 - 1)  # one byte less than the result
     over = em.jit(function)
     np.testing.assert_array_equal(em.asnumpy(over(x)), expected)
-    (graph, _), = over.graphs.values()
-    assert x.device.engine._plans[graph]._refills is None
+    assert plan_of(over)._refills is None
+    small = em.jit(function)  # 128 KiB less 4 bytes: malloc hands such blocks back warm, nothing to keep
+    small(em.asarray(np.ones((128 << 10) // 4 - 1, dtype=np.float32)))
+    assert plan_of(small)._refills is None
 
 
 def test_two_threads_calling_one_plan_never_write_into_one_buffer():
@@ -236,7 +259,7 @@ def test_two_threads_calling_one_plan_never_write_into_one_buffer():
     just found that result free (and not yet written over it) makes a buffer of its own, so each thread gets
     its own inputs' values."""
     jitted = em.jit(lambda x: em.sin(x * 2.0) + 1.0)
-    inputs = [em.asarray(np.full(100, float(i))) for i in range(2)]
+    inputs = [em.asarray(np.full(40_000, float(i))) for i in range(2)]  # 320 KB results: kept (REFILL_MIN)
     expected = [em.asnumpy(em.sin(x * 2.0) + 1.0) for x in inputs]
     jitted(inputs[0])  # compiled; its result let go
     (graph, _), = jitted.graphs.values()
@@ -331,7 +354,8 @@ def _split_in_child(queue):
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_splits_with_threads_of_its_own(monkeypatch):
     """The parent's pool has threads the child lacks: the child makes a pool of its own, where reusing the parent's
-    would leave its blocks unworked and the run waiting for ever."""
+    would leave its blocks unworked and the run waiting for ever. The lock of the outputs plans keep, held
+    while forking (as another thread of the parent may hold it), is a fresh one in the child."""
     import multiprocessing
     monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 2)
     x = em.asarray(np.random.default_rng(0).random(1_000_000, dtype=np.float32))
@@ -340,7 +364,8 @@ def test_a_forked_child_splits_with_threads_of_its_own(monkeypatch):
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_split_in_child, args=(queue,))
-    child.start()
+    with local.KEPT._lock:
+        child.start()
     try:
         assert queue.get(timeout=60) is True
     finally:
@@ -448,6 +473,7 @@ def test_a_jitted_elementwise_row_equals_eager_execution(name, split, data, requ
     second and third write over the first's buffer — and, for a binary row, twice with a Python scalar (a
     literal the plan converts once): jitted and eager give the same dtype, shape and values (NaN where NaN);
     ``split``: with the in-place runs split into blocks of two elements on two threads."""
+    request.getfixturevalue("refill_small")
     if split:
         request.getfixturevalue("split_small")
     device = em.device("numpy")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextvars
 import functools
@@ -21,7 +22,10 @@ from ..ops.table import Meta, fmt_shape
 from .base import Engine
 
 LITERALS_KEPT = 1024  # the scalar literals an engine keeps converted (a loop's changing scalars stop there)
-REFILL_BYTES = 64 << 20  # the most a plan keeps of its last call's outputs to write the next call's into (as downloads)
+REFILL_BYTES = 64 << 20  # the most plans keep, all together, of their last calls' outputs to write the next into
+# the least a plan's outputs made afresh hold for it to keep them: glibc maps blocks from 128 KiB afresh and gives them
+# back when freed (page faults at each call); smaller ones malloc hands back warm, at no cost to keep
+REFILL_MIN = 128 << 10
 
 
 class LocalEngine(Engine):
@@ -131,8 +135,9 @@ class LocalEngine(Engine):
         (:meth:`Backend.unshared`), a call writes each output that an ``into`` kernel makes afresh
         into the same output of the call before, if the caller has let all of those go: a result
         read and dropped costs no fresh memory (a large one, none of the page faults of memory the
-        allocator gave back to the system). The plan keeps one call's outputs for this, up to
-        ``REFILL_BYTES``, as a caching allocator keeps freed blocks; a peer, whose memory is
+        allocator gave back to the system). Plans keep their last call's outputs for this, where
+        they hold ``REFILL_MIN`` bytes or more, up to ``REFILL_BYTES`` in all
+        (:class:`KeptOutputs`), as a caching allocator keeps freed blocks; a peer, whose memory is
         counted, compiles without.
 
         A backend with a compiler of its own compiles the plan (:meth:`Backend.compiled`) unless
@@ -221,7 +226,8 @@ class LocalEngine(Engine):
             ends = set(outputs)
             refilled = [i for i, (_, _, out, _) in fresh.items()
                         if slots[out] in ends and getattr(metas.get(out), "size", None) is not None]
-            if refilled and sum(metas[fresh[i][2]].nbytes for i in refilled) <= REFILL_BYTES:
+            nbytes = sum(metas[fresh[i][2]].nbytes for i in refilled)
+            if refilled and REFILL_MIN <= nbytes <= REFILL_BYTES:
                 again, again_spans = list(steps), dict(spans)
                 for index in refilled:
                     into, args, out, arrays = fresh[index]
@@ -230,7 +236,7 @@ class LocalEngine(Engine):
                     meta = metas.get(out)
                     if meta is not None and all(getattr(metas.get(r), "shape", None) == meta.shape for r in arrays):
                         again_spans[index] = (meta.shape, frozenset([store, *(slots[r] for r in arrays)]))
-                refills = (tuple(steps[i][2] for i in refilled), again, again_spans)
+                refills = (tuple(steps[i][2] for i in refilled), again, again_spans, nbytes)
         plan = Plan(self, steps, len(slots), preset, inputs, outputs, spans, refills)
         return (native and backend.compiled(plan)) or plan
 
@@ -283,8 +289,8 @@ class Plan:
     it; ``store`` is the slot of its one output, a tuple of slots for a row with several, or None
     where the kernel writes into a slot that ``fetch`` hands it; ``ended`` lists the slots let go
     after it; ``inputs(values)`` are its inputs, for an error's message. ``refills``, where given,
-    is ``(slots, steps, spans)``: the slots of outputs made afresh, and the steps writing them into
-    the last call's instead (:meth:`LocalEngine.compile`)."""
+    is ``(slots, steps, spans, nbytes)``: the slots of outputs made afresh, the steps writing them
+    into the last call's instead (:meth:`LocalEngine.compile`), and those outputs' bytes."""
 
     def __init__(self, engine: LocalEngine, steps: list, n_slots: int, preset: list, inputs: list, outputs: list,
                  spans: dict, refills: tuple | None = None):
@@ -295,26 +301,24 @@ class Plan:
         self._program = _program(steps, spans, threads)
         self._refills = None
         if refills is not None:
-            slots, again, again_spans = refills
-            self._refills = (slots, _program(again, again_spans, threads), again)
+            slots, again, again_spans, nbytes = refills
+            self._refills = (slots, _program(again, again_spans, threads), again, nbytes)
             self._unshared = engine.backend.unshared
-            self._kept: list = []  # the last call's outputs of those slots, in a tuple: the only reference the plan holds
+            self._key = key = object()  # the plan's entry in KEPT, which holds no reference to the plan
+            weakref.finalize(self, KEPT.forget, key)
 
     def run(self, inputs) -> list:
         refills = self._refills
         if refills is None:
             values = self._trace(inputs, self._program, self.steps, ())
         else:
-            slots, program, steps = refills
-            try:
-                spares = self._kept.pop()  # one list operation: two threads running the plan never take the same
-            except IndexError:
-                spares = None
+            slots, program, steps, nbytes = refills
+            spares = KEPT.take(self._key)  # taken: two threads running the plan never write into the same
             if spares is not None and self._unshared(spares):
                 values = self._trace(inputs, program, steps, zip(slots, spares))
             else:
                 values = self._trace(inputs, self._program, self.steps, ())
-            self._kept[:] = [tuple([values[index] for index in slots])]
+            KEPT.keep(self._key, tuple([values[index] for index in slots]), nbytes)
         self.engine.ops_executed += len(self.steps)
         outputs = []
         for index in self.outputs:  # a loop: a comprehension's own frame costs more for the few outputs a plan has
@@ -367,6 +371,52 @@ class Plan:
             op, inputs_of = next(step[4] for step in steps if step[0] is kernel and step[1] is fetch)
             raise _translate(error, op.name, inputs_of(values)) from error
         return values
+
+
+class KeptOutputs:
+    """The outputs that plans keep of their last call, to write the next call's into: those of the
+    plans that ran last, ``REFILL_BYTES`` in all, so that many jitted functions and shapes never
+    hold more. Each entry is ``key -> (arrays, bytes)``; the only reference to those arrays."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        """Keep nothing (and a fresh lock: a forked child's copy may be held by a thread it lacks)."""
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.nbytes = 0
+
+    def take(self, key) -> tuple | None:
+        """The arrays kept for ``key``, no longer kept (None where there are none)."""
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return None
+            self.nbytes -= entry[1]
+            return entry[0]
+
+    def keep(self, key, arrays: tuple, nbytes: int) -> None:
+        """Keep ``arrays`` for ``key``, letting go of those kept longest beyond ``REFILL_BYTES``."""
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.nbytes -= old[1]
+            self._entries[key] = (arrays, nbytes)
+            self.nbytes += nbytes
+            while self.nbytes > REFILL_BYTES:
+                self.nbytes -= self._entries.popitem(last=False)[1][1]
+
+    def forget(self, key) -> None:
+        """Let go of what ``key`` keeps (its plan is gone)."""
+        self.take(key)
+
+    def __contains__(self, key) -> bool:
+        return key in self._entries
+
+
+KEPT = KeptOutputs()
+os.register_at_fork(after_in_child=KEPT.clear)
 
 
 def _program(steps: list, spans: dict, threads: int) -> list:
