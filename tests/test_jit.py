@@ -13,6 +13,7 @@ import functools
 import gc
 import os
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -220,7 +221,6 @@ def test_a_call_writes_its_result_over_the_last_calls_result_where_nothing_else_
     assert (kept(em.asnumpy) == expected).all()
     assert (kept(lambda y: em.asnumpy(y)[::2]) == expected[::2]).all()
     assert (np.frombuffer(kept(lambda y: memoryview(em.asnumpy(y))), np.float32) == expected).all()
-    import weakref
     reference = kept(lambda y: weakref.ref(em.asnumpy(y)))
     assert reference() is None or (reference() == expected).all()
 
@@ -255,9 +255,9 @@ def test_a_call_writes_its_result_over_the_last_calls_result_where_nothing_else_
 
 
 def test_two_threads_calling_one_plan_never_write_into_one_buffer():
-    """The last call's result is taken by one list operation: a thread that runs the plan while another has
-    just found that result free (and not yet written over it) makes a buffer of its own, so each thread gets
-    its own inputs' values."""
+    """The last call's result is taken out of what plans keep, under its lock: a thread that runs the plan while
+    another has just found that result free (and not yet written over it) makes a buffer of its own, so each
+    thread gets its own inputs' values."""
     jitted = em.jit(lambda x: em.sin(x * 2.0) + 1.0)
     inputs = [em.asarray(np.full(40_000, float(i))) for i in range(2)]  # 320 KB results: kept (REFILL_MIN)
     expected = [em.asnumpy(em.sin(x * 2.0) + 1.0) for x in inputs]

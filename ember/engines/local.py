@@ -221,7 +221,7 @@ class LocalEngine(Engine):
             ending += [o for o in outs if o not in last and o not in kept]
             steps.append((kernel, fetch, store, tuple(slots[n] for n in ending), (op, getter(args))))
         outputs = [slots[o] for o in output_ids]
-        refills = None  # the steps again, each output made afresh written over the last call's: (slots, steps, spans)
+        refills = None  # the steps again, each output made afresh written over the last call's (Plan says what)
         if refill and type(backend).unshared is not Backend.unshared:
             ends = set(outputs)
             refilled = [i for i, (_, _, out, _) in fresh.items()
