@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,19 @@ def cpu_threads() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows
         return os.cpu_count() or 1
+
+
+def _references(items) -> list:
+    return [sys.getrefcount(item) for item in items]
+
+
+_ALONE = _references((object(),))[0]  # the count of an object that one container alone holds, taken the same way
+
+
+def held_alone(items) -> list[bool]:
+    """For each of ``items`` (a list or tuple), whether the container holds its only reference: no
+    name, view or buffer of it lives anywhere else (a view holds a reference to its array)."""
+    return [count == _ALONE for count in _references(items)]
 
 
 class Backend:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import weakref
 
 import array_api_compat.numpy as compat
@@ -13,7 +12,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..ops.indexing import decode_key
-from .base import Backend, cpu_threads
+from .base import Backend, cpu_threads, held_alone
 from .numpy_nn import KERNELS as NN_KERNELS
 
 NATIVE, EMBER = dt.NUMPY, dt.FROM_NUMPY  # NumPy's dtypes are the host's: the map lives in dtypes
@@ -194,14 +193,6 @@ KERNELS.update(NN_KERNELS)
 _OUT_BY_KEYWORD = (np.maximum, np.minimum)
 
 
-def _references(items: tuple) -> list:
-    """Each item's reference count, seen from here."""
-    return [sys.getrefcount(item) for item in items]
-
-
-_ALONE = _references((object(),))[0]  # the count of an object that one tuple alone holds, taken the same way
-
-
 class NumpyBackend(Backend):
     """NumPy on the host CPU: one device, ``numpy``."""
 
@@ -231,8 +222,8 @@ class NumpyBackend(Backend):
         """Reference counts tell: a view or buffer of an array holds a reference to the array that
         owns the memory, so an owner counted by ``arrays`` alone (and with no weak reference) is
         seen by nothing else."""
-        for array, count in zip(arrays, _references(arrays)):
-            if count != _ALONE or type(array) is not np.ndarray or array.base is not None or weakref.getweakrefcount(array):
+        for array, alone in zip(arrays, held_alone(arrays)):
+            if not alone or type(array) is not np.ndarray or array.base is not None or weakref.getweakrefcount(array):
                 return False
         return True
 

@@ -174,6 +174,13 @@ class LocalEngine(Engine):
                 fetch = getters[key] = _getter(indices)
             return fetch
 
+        def span(meta, arrays: list, target: int):
+            """``(shape, slots)`` of a step writing into slot ``target`` whose arrays all have its result's
+            shape: a run of such steps may split into blocks, each array sliced alike; else None."""
+            if meta is not None and all(getattr(metas.get(r), "shape", None) == meta.shape for r in arrays):
+                return meta.shape, frozenset([target, *(slots[r] for r in arrays)])
+            return None
+
         steps = []
         fresh: dict = {}  # step index -> (into kernel, arg slots, output node, its arrays' refs): a result made afresh
         spans: dict = {}  # in-place step -> (its arrays' one shape, their slots): the steps a run may split into blocks
@@ -206,9 +213,9 @@ class LocalEngine(Engine):
                 slots[outs[0]] = slots[over]
                 ending.remove(over)
                 kernel, fetch, store = into, getter(args + [slots[over]]), None
-                arrays = [r for r in refs if type(r) is int]
-                if meta is not None and all(getattr(metas.get(r), "shape", None) == meta.shape for r in arrays):
-                    spans[len(steps)] = (meta.shape, frozenset(slots[r] for r in arrays))  # each array sliced alike
+                found = span(meta, [r for r in refs if type(r) is int], slots[over])
+                if found is not None:
+                    spans[len(steps)] = found
             else:
                 store = tuple(slot(o) for o in outs)
                 if len(store) == 1 and not op.multiple:
@@ -233,9 +240,9 @@ class LocalEngine(Engine):
                     into, args, out, arrays = fresh[index]
                     kernel, fetch, store, ended, info = steps[index]
                     again[index] = (into, getter(args + [store]), None, ended, info)
-                    meta = metas.get(out)
-                    if meta is not None and all(getattr(metas.get(r), "shape", None) == meta.shape for r in arrays):
-                        again_spans[index] = (meta.shape, frozenset([store, *(slots[r] for r in arrays)]))
+                    found = span(metas.get(out), arrays, store)
+                    if found is not None:
+                        again_spans[index] = found
                 refills = (tuple(steps[i][2] for i in refilled), again, again_spans, nbytes)
         plan = Plan(self, steps, len(slots), preset, inputs, outputs, spans, refills)
         return (native and backend.compiled(plan)) or plan
@@ -305,7 +312,7 @@ class Plan:
             self._refills = (slots, _program(again, again_spans, threads), again, nbytes)
             self._unshared = engine.backend.unshared
             self._key = key = object()  # the plan's entry in KEPT, which holds no reference to the plan
-            weakref.finalize(self, KEPT.forget, key)
+            weakref.finalize(self, KEPT.take, key)  # a plan gone lets go of what it kept
 
     def run(self, inputs) -> list:
         refills = self._refills
@@ -406,10 +413,6 @@ class KeptOutputs:
             self.nbytes += nbytes
             while self.nbytes > REFILL_BYTES:
                 self.nbytes -= self._entries.popitem(last=False)[1][1]
-
-    def forget(self, key) -> None:
-        """Let go of what ``key`` keeps (its plan is gone)."""
-        self.take(key)
 
     def __contains__(self, key) -> bool:
         return key in self._entries

@@ -17,7 +17,6 @@ import itertools
 import math
 import os
 import secrets
-import sys
 import threading
 import time
 import uuid
@@ -27,6 +26,7 @@ from collections import deque
 import numpy as np
 
 from .. import profiling
+from ..backends.base import held_alone
 from ..errors import ArgumentError, ConnectionLost, DeviceError, EmberError, NotSupportedError, ProtocolError, ResourceLimitError
 from ..ops.table import Meta
 from ..wire import protocol as wire
@@ -73,7 +73,7 @@ class DownloadBuffers:
     uploads'): a fresh 4 MB array costs its page faults, about 1,000, where a reused one costs none.
 
     The arrays a read returns are views of these buffers. A buffer is reused only when this object
-    holds its one reference (``sys.getrefcount``): an array the program keeps, or any view of it,
+    holds its one reference (:func:`held_alone`): an array the program keeps, or any view of it,
     keeps its memory its own. At most ``capacity`` bytes are kept, the most recently lent; buffers
     under ``minimum`` bytes are not kept at all."""
 
@@ -92,9 +92,9 @@ class DownloadBuffers:
         if not self.minimum <= nbytes <= self.capacity:
             return np.empty(shape, dtype)
         lent = self.lent
-        for i in range(len(lent)):  # by index: enumerate's tuple would hold a reference of its own
-            # the list's reference and getrefcount's argument alone: no array or view uses it
-            if lent[i].nbytes == nbytes and sys.getrefcount(lent[i]) == 2:
+        alone = held_alone(lent)  # no array or view uses it
+        for i in range(len(lent)):
+            if lent[i].nbytes == nbytes and alone[i]:
                 buffer = lent.pop(i)
                 lent.append(buffer)
                 return buffer.view(dtype).reshape(shape)
