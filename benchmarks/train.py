@@ -9,10 +9,8 @@ import importlib.util
 
 import numpy as np
 
-from ember import asarray
-from ember.optim import Adam
 from ember.remote.spawn import PeerProcess
-from ember.spirals import init_params, make_step, train, two_spirals
+from ember.spirals import Training, init_params, train, two_spirals
 
 from .timing import Report, Row, medians
 
@@ -42,22 +40,6 @@ def _torch_step():
     return step
 
 
-def _ember_step(device: str, use_jit: bool):
-    """ember's spirals step on ``device`` as :func:`train` takes it (its loss read), as a function of no
-    arguments that trains on."""
-    points, labels = two_spirals()
-    x, y = asarray(points, device=device), asarray(labels, device=device)
-    params = [asarray(p, device=device) for p in init_params()]
-    optimizer = Adam(lr=0.01)
-    held = [params, optimizer.init(params)]
-    step = make_step(optimizer, use_jit)
-
-    def one():
-        loss, held[0], held[1] = step(held[0], held[1], x, y)
-        return float(loss)
-    return one
-
-
 def _in_turn(candidates: dict, steps: int, rounds: int = 3) -> dict:
     """Seconds per step of each candidate: blocks of ``steps`` steps taken in turn, ``rounds`` times, the
     median block of each, after five steps each (a jitted step's capture and compile). Blocks, not single
@@ -73,9 +55,9 @@ def run(quick: bool = False) -> Report:
     report = Report("train")
     steps = 20 if quick else 100
     # PyTorch's steps and ember's local ones in turn, a block each, so the VM's changing speed falls on both
-    candidates = {"local": _ember_step("numpy", False), "local_jit": _ember_step("numpy", True)}
+    candidates = {"local": Training("numpy").step, "local_jit": Training("numpy", use_jit=True).step}
     if importlib.util.find_spec("jax") is not None:
-        candidates["jax_jit"] = _ember_step("jax:cpu", True)
+        candidates["jax_jit"] = Training("jax:cpu", use_jit=True).step
     torch = _torch_step()
     if torch is not None:
         candidates["torch"] = torch

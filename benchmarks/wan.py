@@ -25,9 +25,8 @@ import os
 import numpy as np
 
 import ember as em
-from ember.optim import Adam
 from ember.remote.spawn import PeerProcess
-from ember.spirals import init_params, make_step, two_spirals
+from ember.spirals import Training
 
 from .core import chain
 from .delayline import DelayLine
@@ -51,12 +50,7 @@ class _Workloads:
         self.trips: dict[str, int] = {}
         self.small = em.asarray(np.random.default_rng(0).random(1000, dtype=np.float32), device=device)
         self.one = em.asarray(np.ones(4, np.float32), device=device)
-        points, labels = two_spirals()
-        self.x, self.y = em.asarray(points, device=device), em.asarray(labels, device=device)
-        optimizer = Adam(lr=0.01)
-        self.params = [em.asarray(p, device=device) for p in init_params()]
-        self.state = optimizer.init(self.params)
-        self.step = make_step(optimizer, use_jit=True)
+        self.training = Training(device, use_jit=True)
 
     def counted(self, name: str, function):
         def run():
@@ -72,8 +66,7 @@ class _Workloads:
         em.asnumpy(self.one + 1)
 
     def train_step(self) -> None:
-        loss, self.params, self.state = self.step(self.params, self.state, self.x, self.y)
-        float(loss)
+        self.training.step()
 
     def rpc_per_op(self) -> None:
         x = self.one

@@ -71,28 +71,42 @@ def accuracy(params: list, x: Array, y: Array) -> float:
     return float(mean(asarray(argmax(logits(params, x), axis=-1) == y, dtype=dt.float64)))
 
 
+class Training:
+    """The spirals MLP on ``device`` from a fixed seed, ready to train: :meth:`step` takes one Adam
+    step (through ``em.jit`` with ``use_jit``) and returns its loss as a float, a read (one round
+    trip on a peer). ``params``, ``state``, ``x`` and ``y`` are the arrays it trains with."""
+
+    def __init__(self, device="numpy", use_jit: bool = False, lr: float = 0.01, seed: int = 0,
+                 dtype=np.float64, n_per_class: int = 200):
+        self.device = as_device(device)
+        points, labels = two_spirals(n_per_class, seed=seed)
+        self.x, self.y = asarray(points.astype(dtype), device=self.device), asarray(labels, device=self.device)
+        self.params = [asarray(p, device=self.device) for p in init_params(seed=seed, dtype=dtype)]
+        optimizer = Adam(lr=lr)
+        self.state = optimizer.init(self.params)
+        self._step = make_step(optimizer, use_jit)
+
+    def step(self) -> float:
+        """One training step; its loss."""
+        loss, self.params, self.state = self._step(self.params, self.state, self.x, self.y)
+        return float(loss)
+
+
 def train(device="numpy", steps: int = 600, use_jit: bool = False, lr: float = 0.01, seed: int = 0,
           dtype=np.float64, n_per_class: int = 200, on_step=None) -> dict:
     """Train from a fixed seed; returns the loss of every step, the final accuracy and timings.
 
     ``on_step(i, loss)`` is called after each step (a progress bar, a log line)."""
-    target = as_device(device)
-    points, labels = two_spirals(n_per_class, seed=seed)
-    x, y = asarray(points.astype(dtype), device=target), asarray(labels, device=target)
-    params = [asarray(p, device=target) for p in init_params(seed=seed, dtype=dtype)]
-    optimizer = Adam(lr=lr)
-    state = optimizer.init(params)
-    step = make_step(optimizer, use_jit)
+    training = Training(device, use_jit, lr, seed, dtype, n_per_class)
     losses = []
     start = time.perf_counter()
     for i in range(steps):
-        loss, params, state = step(params, state, x, y)
-        losses.append(float(loss))
+        losses.append(training.step())
         if on_step is not None:
             on_step(i, losses[-1])
     seconds = time.perf_counter() - start
-    return {"losses": losses, "accuracy": accuracy(params, x, y), "seconds": seconds,
-            "seconds_per_step": seconds / max(steps, 1), "params": params, "device": target}
+    return {"losses": losses, "accuracy": accuracy(training.params, training.x, training.y), "seconds": seconds,
+            "seconds_per_step": seconds / max(steps, 1), "params": training.params, "device": training.device}
 
 
 def shard_loss(params: list, x: Array, y: Array, weight: float) -> Array:
@@ -147,5 +161,5 @@ def train_data_parallel(devices, steps: int = 600, lr: float = 0.01, seed: int =
             "seconds_per_step": seconds / max(steps, 1)}
 
 
-__all__ = ["two_spirals", "init_params", "logits", "loss_fn", "make_step", "accuracy", "train", "asnumpy",
+__all__ = ["two_spirals", "init_params", "logits", "loss_fn", "make_step", "accuracy", "Training", "train", "asnumpy",
            "shard_loss", "train_data_parallel"]
