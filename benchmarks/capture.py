@@ -48,7 +48,7 @@ def run(quick: bool = False) -> Report:
 
         t = medians({"eager": eager_calls, "jit": jit_calls}, 3 if quick else 7)
         report.add(Row("(a) 200-op step, per call, jit vs eager (remote)", t["jit"] / calls, "eager", t["eager"] / calls,
-                       "≤ 0.33x"))
+                       "≤ 0.33x", stolen=t.stolen))
         report.notes.append(f"(a) jit is {t['eager'] / t['jit']:.1f}x faster per call (target ≥ 3x); "
                             f"{em.stats(device)['graphs_registered']} graph registration(s)")
 
@@ -61,5 +61,5 @@ def run(quick: bool = False) -> Report:
         return cap.graph
 
     t = medians({"record": record, "execute": lambda: em.asnumpy(chain(em, local, 1000))}, 5 if quick else 15)
-    report.add(Row("(b) 1000-op chain: capture vs local execute", t["record"], "execute", t["execute"]))
+    report.add(Row("(b) 1000-op chain: capture vs local execute", t["record"], "execute", t["execute"], stolen=t.stolen))
     return report

@@ -35,7 +35,7 @@ from ember.remote.spawn import PeerProcess
 from ember.spirals import train_data_parallel
 
 from .rawsocket import _COMMAND
-from .timing import Report, Row, medians
+from .timing import Report, Row, Timings, cpu_ticks, medians, stolen_share
 
 MIB = 1 << 20
 PEERS = 3
@@ -147,11 +147,12 @@ def _moves(report: Report, raw: RawPair, a, b, size: int, repeats: int, target: 
     label = f"(a) move {_mib(size)} A → B"
     report.add(FleetRow(f"{label}, peer to peer", size / t["p2p"], "raw", size / t["raw"], target, unit="B/s",
                         higher_is_better=True, client_bytes_up=traffic["p2p"]["bytes_up"],
-                        client_bytes_down=traffic["p2p"]["bytes_down"], payload=size, peer_to_peer=True))
+                        client_bytes_down=traffic["p2p"]["bytes_down"], payload=size, peer_to_peer=True, stolen=t.stolen))
     report.add(FleetRow(f"{label}, peer to peer vs via client", t["p2p"], "client", t["client"], "reported",
                         client_bytes_up=traffic["p2p"]["bytes_up"], client_bytes_down=traffic["p2p"]["bytes_down"],
                         baseline_client_bytes_up=traffic["client"]["bytes_up"],
-                        baseline_client_bytes_down=traffic["client"]["bytes_down"], payload=size, peer_to_peer=True))
+                        baseline_client_bytes_down=traffic["client"]["bytes_down"], payload=size, peer_to_peer=True,
+                        stolen=t.stolen))
     report.notes.append(f"(a) {_mib(size)}: client bytes up/down per move: peer to peer "
                         f"{traffic['p2p']['bytes_up']}/{traffic['p2p']['bytes_down']}, via the client "
                         f"{traffic['client']['bytes_up']}/{traffic['client']['bytes_down']}")
@@ -185,7 +186,8 @@ def _all_reduces(report: Report, devices, size: int, repeats: int) -> None:
     report.add(FleetRow(f"(b) all_reduce {_mib(size)} f32, {len(devices)} peers, vs via client", t["p2p"], "client",
                         t["client"], "reported", client_bytes_up=traffic["p2p"]["bytes_up"],
                         client_bytes_down=traffic["p2p"]["bytes_down"], baseline_client_bytes_up=traffic["client"]["bytes_up"],
-                        baseline_client_bytes_down=traffic["client"]["bytes_down"], payload=size, peer_to_peer=True))
+                        baseline_client_bytes_down=traffic["client"]["bytes_down"], payload=size, peer_to_peer=True,
+                        stolen=t.stolen))
     report.notes.append(f"(b) {_mib(size)}: client bytes up/down per all_reduce: peer to peer "
                         f"{traffic['p2p']['bytes_up']}/{traffic['p2p']['bytes_down']}, via the client "
                         f"{traffic['client']['bytes_up']}/{traffic['client']['bytes_down']}")
@@ -198,6 +200,7 @@ def _data_parallel(report: Report, devices, steps: int, rounds: int) -> None:
         train_data_parallel(devices[:k], steps=2)
     per_step: dict[int, list[float]] = {k: [] for k in counts}
     traffic: dict[int, dict[str, int]] = {}
+    before = cpu_ticks()
     for _ in range(rounds):
         for k in counts:
             marks = []
@@ -208,12 +211,13 @@ def _data_parallel(report: Report, devices, steps: int, rounds: int) -> None:
 
             per_step[k].append(train_data_parallel(devices[:k], steps=steps, on_step=mark)["seconds_per_step"])
             traffic[k] = {c: (marks[-1][c] - marks[0][c]) // max(steps - 1, 1) for c in COUNTERS}
-    t = {k: float(np.median(v)) for k, v in per_step.items()}
+    t = Timings((k, float(np.median(v))) for k, v in per_step.items())
+    t.stolen = stolen_share(before, cpu_ticks())
     for k in counts:
         if k > 1:
             report.add(FleetRow(f"(c) data-parallel MLP step, {k} peers vs 1", t[k], "1 peer", t[1], "reported",
                                 client_bytes_up=traffic[k]["bytes_up"], client_bytes_down=traffic[k]["bytes_down"],
-                                peer_to_peer=True))
+                                peer_to_peer=True, stolen=t.stolen))
     report.notes.append("(c) per step: " + ", ".join(
         f"{k} peer{'s' if k > 1 else ''} {t[k] * 1e3:.2f} ms, client bytes up/down {traffic[k]['bytes_up']}/"
         f"{traffic[k]['bytes_down']}" for k in counts)

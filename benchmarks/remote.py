@@ -86,8 +86,8 @@ def run(quick: bool = False) -> Report:
         # devices compare by hardware (ws and tcp are one device), so key by name
         xs = {name: em.asarray(host, device=d) for name, d in (("local", local), ("tcp", tcp), ("ws", ws))}
         t = medians({name: (lambda x=x: em.asnumpy(chain(em, x, 1000))) for name, x in xs.items()}, repeats)
-        report.add(Row("(a) 1000-op chain + read, remote TCP", t["tcp"], "local", t["local"], "≤ 1.50x"))
-        report.add(Row("(a) 1000-op chain + read, remote WebSocket", t["ws"], "local", t["local"], "≤ 1.50x"))
+        report.add(Row("(a) 1000-op chain + read, remote TCP", t["tcp"], "local", t["local"], "≤ 1.50x", stolen=t.stolen))
+        report.add(Row("(a) 1000-op chain + read, remote WebSocket", t["ws"], "local", t["local"], "≤ 1.50x", stolen=t.stolen))
         trips = em.stats(tcp)["round_trips"]
         em.asnumpy(chain(em, xs["tcp"], 1000))
         report.notes.append(f"(a) round trips for the chain and its read: {em.stats(tcp)['round_trips'] - trips}")
@@ -105,9 +105,10 @@ def run(quick: bool = False) -> Report:
 
         t = medians({"plain": chained, "profiled": lambda: profiled(chained),
                      "reads": reads, "reads profiled": lambda: profiled(reads)}, repeats * 2)
-        report.add(Row("(f) 1000-op chain + read, TCP, under em.profile()", t["profiled"], "unprofiled", t["plain"], "≤ 1.05x"))
+        report.add(Row("(f) 1000-op chain + read, TCP, under em.profile()", t["profiled"], "unprofiled", t["plain"], "≤ 1.05x",
+                       stolen=t.stolen))
         report.add(Row("(f) 100 reads of one element, TCP, under em.profile()", t["reads profiled"], "unprofiled",
-                       t["reads"], "reported"))
+                       t["reads"], "reported", stolen=t.stolen))
 
         big_host = np.random.default_rng(2).random(1_000_000, dtype=np.float32)
         big_local, big_remote = em.asarray(big_host, device=local), em.asarray(big_host, device=tcp)
@@ -115,8 +116,8 @@ def run(quick: bool = False) -> Report:
         t = medians({"local": lambda: em.asnumpy(chain(em, big_local, 100)),
                      "tcp": lambda: em.asnumpy(chain(em, big_remote, 100)),
                      "jit": lambda: em.asnumpy(jitted(big_remote))}, max(3, repeats // 3))
-        report.add(Row("(e) 100 ops on 1e6 float32 + read, TCP", t["tcp"], "local", t["local"], "≤ 1.10x"))
-        report.add(Row("(e) the same under em.jit, TCP", t["jit"], "local", t["local"], "reported"))
+        report.add(Row("(e) 100 ops on 1e6 float32 + read, TCP", t["tcp"], "local", t["local"], "≤ 1.10x", stolen=t.stolen))
+        report.add(Row("(e) the same under em.jit, TCP", t["jit"], "local", t["local"], "reported", stolen=t.stolen))
 
         size = (64 if quick else 256) * MIB
         big = np.random.default_rng(1).random(size // 4, dtype=np.float32)
@@ -133,21 +134,21 @@ def run(quick: bool = False) -> Report:
                         transfer_repeats)
             for name, d in (("TCP", "tcp"), ("WebSocket", "ws")):
                 report.add(Row(f"(b) upload {size // MIB} MiB, {name}", size / t[d], "raw", size / t["raw"], BULK_TARGET[name],
-                               unit="B/s", higher_is_better=True))
+                               unit="B/s", higher_is_better=True, stolen=t.stolen))
             t = medians({"raw": lambda: raw.download(size), "tcp": lambda: em.asnumpy(remote_big["tcp"]),
                          "ws": lambda: em.asnumpy(remote_big["ws"])}, transfer_repeats)
             for name, d in (("TCP", "tcp"), ("WebSocket", "ws")):
                 report.add(Row(f"(b) download {size // MIB} MiB, {name}", size / t[d], "raw", size / t["raw"], BULK_TARGET[name],
-                               unit="B/s", higher_is_better=True))
+                               unit="B/s", higher_is_better=True, stolen=t.stolen))
 
             if tls is not None:  # a pair of its own: in (b)'s rotation, whatever follows WebSocket measured slower
                 t = medians({"tcp": lambda: up("tcp", tcp), "tls": lambda: up("tls", tls)}, transfer_repeats)
                 report.add(Row(f"(d) upload {size // MIB} MiB, TCP+TLS", size / t["tls"], "TCP", size / t["tcp"],
-                               "reported", unit="B/s", higher_is_better=True))
+                               "reported", unit="B/s", higher_is_better=True, stolen=t.stolen))
                 t = medians({"tcp": lambda: em.asnumpy(remote_big["tcp"]), "tls": lambda: em.asnumpy(remote_big["tls"])},
                             transfer_repeats)
                 report.add(Row(f"(d) download {size // MIB} MiB, TCP+TLS", size / t["tls"], "TCP", size / t["tcp"],
-                               "reported", unit="B/s", higher_is_better=True))
+                               "reported", unit="B/s", higher_is_better=True, stolen=t.stolen))
             remote_big.clear()
 
             raw.start_echo(64)
@@ -159,11 +160,13 @@ def run(quick: bool = False) -> Report:
             # that rotation is reported too
             for name, label, target in (("tcp", "TCP", "≤ 2.00x"), ("ws", "WebSocket", "")):
                 t = medians({"raw": raw.echo, name: op_and_read[name]}, latency_repeats, warmup=20)
-                report.add(Row(f"(c) one small op + read, {label}", t[name], "raw echo", t["raw"], target))
+                report.add(Row(f"(c) one small op + read, {label}", t[name], "raw echo", t["raw"], target, stolen=t.stolen))
             t = medians({"raw": raw.echo, **op_and_read}, latency_repeats, warmup=20)
-            report.add(Row("(c) one small op + read, TCP, turns with WS", t["tcp"], "raw echo", t["raw"], "reported"))
+            report.add(Row("(c) one small op + read, TCP, turns with WS", t["tcp"], "raw echo", t["raw"], "reported",
+                           stolen=t.stolen))
             for placement, t in _placed_latencies(peer.pid, raw, op_and_read["tcp"], latency_repeats):
-                report.add(Row(f"(c) one small op + read, TCP, {placement}", t["tcp"], "raw echo", t["raw"], "reported"))
+                report.add(Row(f"(c) one small op + read, TCP, {placement}", t["tcp"], "raw echo", t["raw"], "reported",
+                               stolen=t.stolen))
         finally:
             raw.close()
     return report

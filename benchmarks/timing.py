@@ -7,19 +7,50 @@ import time
 from dataclasses import dataclass, field
 
 
-def medians(candidates: dict, repeats: int, warmup: int = 1) -> dict[str, float]:
+def cpu_ticks(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """Clock ticks of all CPUs so far: (stolen, wanted) — the time the hypervisor ran other
+    guests while a vCPU of this machine had work (Linux's ``steal``), and that plus the time the
+    CPUs worked. None where there is no ``/proc/stat`` (not Linux)."""
+    try:
+        with open(path) as f:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    except (OSError, ValueError):
+        return None
+    return steal, user + nice + system + irq + softirq + steal
+
+
+def stolen_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the CPU time wanted between two :func:`cpu_ticks` readings that the
+    hypervisor gave to other guests (0 on a machine of its own); None where unknown."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+class Timings(dict):
+    """Median seconds per call by candidate name, and ``stolen``: the :func:`stolen_share` of
+    the minutes they were timed in. On a shared VM a ratio measured while the hypervisor took
+    a large share is the machine's as much as ember's."""
+
+    stolen: float | None = None
+
+
+def medians(candidates: dict, repeats: int, warmup: int = 1) -> Timings:
     """Median seconds per call of each candidate, running them in turn each repeat (ABAB…)
     so that machine noise falls on all of them alike."""
     for function in candidates.values():
         for _ in range(warmup):
             function()
     times: dict[str, list[float]] = {name: [] for name in candidates}
+    before = cpu_ticks()
     for _ in range(repeats):
         for name, function in candidates.items():
             start = time.perf_counter()
             function()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    result = Timings((name, statistics.median(t)) for name, t in times.items())
+    result.stolen = stolen_share(before, cpu_ticks())
+    return result
 
 
 @dataclass
@@ -33,6 +64,7 @@ class Row:
     unit: str = "s"
     higher_is_better: bool = False
     round_trips: int | None = None  # the blocking waits ember counted for one call, where a row counts them
+    stolen: float | None = None  # the hypervisor's share of the CPU time while it was timed (Timings.stolen)
 
     @property
     def ratio(self) -> float:
@@ -47,14 +79,6 @@ class Report:
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
-
-    def table(self) -> str:
-        lines = [f"{'benchmark':<46} {'ember':>11} {'baseline':>22} {'ratio':>7}  target"]
-        for r in self.rows:
-            lines.append(f"{r.name:<46} {_fmt(r.ember, r.unit):>11} {r.baseline_name + ' ' + _fmt(r.baseline, r.unit):>22} "
-                         f"{r.ratio:>6.2f}x  {r.target}")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
 
     def as_dict(self) -> dict:
         return {"suite": self.suite, "notes": self.notes,
@@ -73,13 +97,20 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
+STOLEN_NOTE = ("stolen: the share of the CPU time wanted while a row was timed that the hypervisor gave to other "
+               "guests (Linux's steal time); where it is large, the ratio tells of the machine as much as of ember")
+
+
 def combined_table(reports: list[Report]) -> str:
     """One table of every suite's rows and notes."""
-    lines = [f"{'suite':<8} {'benchmark':<46} {'ember':>11} {'baseline':>22} {'ratio':>7}  target"]
+    lines = [f"{'suite':<8} {'benchmark':<46} {'ember':>11} {'baseline':>22} {'ratio':>7} {'stolen':>6}  target"]
     for report in reports:
         for r in report.rows:
+            stolen = "" if r.stolen is None else f"{r.stolen:.0%}"
             lines.append(f"{report.suite:<8} {r.name:<46} {_fmt(r.ember, r.unit):>11} "
-                         f"{r.baseline_name + ' ' + _fmt(r.baseline, r.unit):>22} {r.ratio:>6.2f}x  {r.target}")
+                         f"{r.baseline_name + ' ' + _fmt(r.baseline, r.unit):>22} {r.ratio:>6.2f}x {stolen:>6}  {r.target}")
     for report in reports:
         lines += [f"  {report.suite}: {n}" for n in report.notes]
+    if any(r.stolen is not None for report in reports for r in report.rows):
+        lines.append(f"  {STOLEN_NOTE}")
     return "\n".join(lines)

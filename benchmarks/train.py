@@ -12,7 +12,7 @@ import numpy as np
 from ember.remote.spawn import PeerProcess
 from ember.spirals import Training, init_params, train, two_spirals
 
-from .timing import Report, Row, medians
+from .timing import Report, Row, Timings, cpu_ticks, medians, stolen_share
 
 
 def _torch_step():
@@ -48,7 +48,10 @@ def _in_turn(candidates: dict, steps: int, rounds: int = 3) -> dict:
         for _ in range(5):
             step()
     blocks = {name: (lambda step=step: [step() for _ in range(steps)]) for name, step in candidates.items()}
-    return {name: seconds / steps for name, seconds in medians(blocks, rounds, warmup=0).items()}
+    timed = medians(blocks, rounds, warmup=0)
+    per_step = Timings((name, seconds / steps) for name, seconds in timed.items())
+    per_step.stolen = timed.stolen
+    return per_step
 
 
 def run(quick: bool = False) -> Report:
@@ -65,17 +68,20 @@ def run(quick: bool = False) -> Report:
     local, local_jit, jax_jit, torch_step = t["local"], t["local_jit"], t.get("jax_jit"), t.get("torch")
     with PeerProcess() as peer:
         train(peer.url(), steps=3, use_jit=True)  # warm the peer
+        before = cpu_ticks()
         remote = np.median([train(peer.url(), steps=steps)["seconds_per_step"] for _ in range(3)])
         remote_jit = np.median([train(peer.url(), steps=steps, use_jit=True)["seconds_per_step"] for _ in range(3)])
+        stolen = stolen_share(before, cpu_ticks())  # the remote rows' minutes; the local rows carry t's
     if torch_step is not None:
-        report.add(Row("MLP step, eager local (numpy) vs PyTorch eager", local, "torch", torch_step))
-        report.add(Row("MLP step, jit local (numpy) vs PyTorch eager", local_jit, "torch", torch_step, "≤ 1.00x"))
-        report.add(Row("MLP step, eager remote vs PyTorch eager", remote, "torch", torch_step))
-        report.add(Row("MLP step, jit remote vs PyTorch eager", remote_jit, "torch", torch_step))
+        report.add(Row("MLP step, eager local (numpy) vs PyTorch eager", local, "torch", torch_step, stolen=t.stolen))
+        report.add(Row("MLP step, jit local (numpy) vs PyTorch eager", local_jit, "torch", torch_step, "≤ 1.00x",
+                       stolen=t.stolen))
+        report.add(Row("MLP step, eager remote vs PyTorch eager", remote, "torch", torch_step, stolen=stolen))
+        report.add(Row("MLP step, jit remote vs PyTorch eager", remote_jit, "torch", torch_step, stolen=stolen))
         if jax_jit is not None:
-            report.add(Row("MLP step, jit jax:cpu vs PyTorch eager", jax_jit, "torch", torch_step, "≤ 0.50x"))
-    report.add(Row("MLP step, eager remote vs eager local", remote, "local", local))
-    report.add(Row("MLP step, jit remote vs eager remote", remote_jit, "eager remote", remote))
+            report.add(Row("MLP step, jit jax:cpu vs PyTorch eager", jax_jit, "torch", torch_step, "≤ 0.50x", stolen=t.stolen))
+    report.add(Row("MLP step, eager remote vs eager local", remote, "local", local, stolen=stolen))
+    report.add(Row("MLP step, jit remote vs eager remote", remote_jit, "eager remote", remote, stolen=stolen))
     report.notes.append("each step reads its loss (one round trip on a peer); 2-64-64-2 GELU MLP, 400 points, float64; "
                         f"local rows: the median of three blocks of {steps} steps, taken in turn with PyTorch's")
     return report

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 from ember.benchmarks import SUITES
+from ember.benchmarks.timing import STOLEN_NOTE, Report, Row, combined_table, cpu_ticks, stolen_share
 
 from ember.cli import main
 from ember.wire.protocol import PREFIX_SIZE
@@ -60,3 +62,37 @@ def test_fleet_baselines_through_the_client_carry_the_tensors(fleet):
             copies = 3 if row["name"].startswith("(b)") else 1  # all_reduce: each peer's buffer down, the total up to each
             assert row["baseline_client_bytes_down"] >= copies * row["payload"], row
             assert row["baseline_client_bytes_up"] >= copies * row["payload"], row
+
+
+def test_fleet_rows_carry_the_share_of_cpu_time_the_hypervisor_took(fleet):
+    for row in fleet["rows"]:
+        if sys.platform == "linux":
+            assert 0.0 <= row["stolen"] <= 1.0, row
+        else:
+            assert row["stolen"] is None
+
+
+def test_cpu_ticks_reads_steal_and_the_time_wanted_from_the_first_line_of_proc_stat(tmp_path):
+    # user nice system idle iowait irq softirq steal guest guest_nice: idle and iowait are not wanted
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  700 10 200 5000 300 5 15 70 0 0\ncpu0 350 5 100 2500 150 2 7 35 0 0\n")
+    assert cpu_ticks(str(stat)) == (70, 700 + 10 + 200 + 5 + 15 + 70)
+    assert cpu_ticks(str(tmp_path / "missing")) is None
+
+
+def test_stolen_share_is_the_steal_over_the_time_wanted_between_two_readings():
+    assert stolen_share((70, 1000), (100, 1200)) == pytest.approx(30 / 200)
+    assert stolen_share((70, 1000), (70, 1000)) is None  # no tick passed: nothing to tell
+    assert stolen_share(None, (70, 1000)) is None
+
+
+def test_the_table_shows_each_rows_stolen_share_and_says_what_it_is():
+    report = Report("core")
+    report.add(Row("(x) some chain", 2e-3, "numpy", 1e-3, "≤ 2.00x", stolen=0.123))
+    report.add(Row("(y) an unmeasured share", 2e-3, "numpy", 1e-3))
+    lines = combined_table([report]).splitlines()
+    assert "stolen" in lines[0]
+    assert "2.00x    12%  ≤ 2.00x" in lines[1]
+    assert lines[2].rstrip().endswith("2.00x")
+    assert lines[-1].strip() == STOLEN_NOTE
+    assert STOLEN_NOTE not in combined_table([Report("core", [Row("(y) unmeasured", 1.0, "b", 1.0)])])
