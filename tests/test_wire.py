@@ -380,16 +380,21 @@ def test_waits_never_pass_a_deadline():
     assert issubclass(TimedOut, errors.ConnectionLost)
 
 
-@pytest.fixture(params=[True, False], ids=["kernel timeouts", "python timeouts"])
-def tcp_pairs(request, monkeypatch):
-    """Makes :func:`_tcp_pair`s with plain TCP's kernel timeouts (where this system has them),
-    then with Python's, and closes every one after the test."""
+@pytest.fixture(params=[("tcp", True), ("tcp", False), ("websocket", True), ("websocket", False)],
+                ids=["tcp, kernel timeouts", "tcp, python timeouts", "websocket, kernel timeouts",
+                     "websocket, python timeouts"])
+def shell_pairs(request, monkeypatch):
+    """Makes pairs of a shell (a TcpConnection, or a WebSocketConnection as a server's) and the
+    far end of its loopback connection, with plain TCP's kernel timeouts (where this system has
+    them), then with Python's, and closes every one after the test. The far end sends frame bytes
+    as the transport carries them (:class:`_WebSocketFar`: one binary message a ``sendall``)."""
     from ember.wire import tcp
-    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", request.param and tcp._KERNEL_TIMEOUTS)
+    transport, kernel = request.param
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)
     made = []
 
     def make():
-        made.append(_tcp_pair())
+        made.append(_shell_pair(transport))
         return made[-1]
     yield make
     for connection, far in made:
@@ -397,25 +402,53 @@ def tcp_pairs(request, monkeypatch):
         far.close()
 
 
-def _tcp_pair():
-    """A TcpConnection and the raw socket at the other end of a loopback TCP connection."""
+class _WebSocketFar:
+    """A WebSocket client's end written by hand: each ``sendall`` one masked binary message."""
+
+    def __init__(self, sock, protocol):
+        self.sock, self.protocol = sock, protocol
+
+    def sendall(self, data: bytes) -> None:
+        self.protocol.send_binary(data)
+        self.sock.sendall(b"".join(self.protocol.data_to_send()))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _shell_pair(transport: str):
+    """A shell over one end of a loopback TCP connection (its timeout 10 s) and the other end."""
     import socket
 
+    from websockets.client import ClientProtocol
+    from websockets.http11 import Response
+    from websockets.uri import parse_uri
+
+    from ember.wire import websocket
     from ember.wire.tcp import TcpConnection
     with socket.create_server(("127.0.0.1", 0)) as listener:
         far = socket.create_connection(listener.getsockname())
         near, _ = listener.accept()
-    return TcpConnection(near, timeout=10), far
+    if transport == "tcp":
+        return TcpConnection(near, timeout=10), far
+    client = ClientProtocol(parse_uri("ws://127.0.0.1/"))
+    client.send_request(client.connect())
+    far.sendall(b"".join(client.data_to_send()))  # the upgrade request, before the server reads it
+    near.settimeout(10)
+    connection = websocket.accept(near)
+    while not any(isinstance(event, Response) for event in client.events_received()):
+        client.receive_data(far.recv(4096))
+    return connection, _WebSocketFar(far, client)
 
 
-def test_receives_and_sends_time_out_each_by_its_own_limit(tcp_pairs):
+def test_receives_and_sends_time_out_each_by_its_own_limit(shell_pairs):
     """Plain TCP on 64-bit Linux keeps a blocking socket with the kernel's timeouts (one system call a
     receive); TLS, and other systems, keep Python's. Either way: a receive's timeout is its own,
     the connection's is the default, and a send to a peer that reads nothing times out too."""
     import time
 
     from ember.wire import tcp
-    connection, far = tcp_pairs()
+    connection, far = shell_pairs()
     assert connection._kernel is tcp._KERNEL_TIMEOUTS
     connection.set_timeout(0.3)
     for timeout in (0.2, None):  # its own, then the connection's
@@ -443,10 +476,10 @@ def test_receives_and_sends_time_out_each_by_its_own_limit(tcp_pairs):
     assert 0.25 < time.monotonic() - started < 10  # the connection's 0.3 s, not the last receive's 30 s
 
 
-def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(tcp_pairs):
+def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(shell_pairs):
     import threading
 
-    connection, far = tcp_pairs()
+    connection, far = shell_pairs()
     connection.set_timeout(None)  # a peer's --idle-timeout 0
     later = threading.Timer(1.2, lambda: far.sendall(_bytes({"t": "reply", "n": 1})))
     later.start()
@@ -454,12 +487,12 @@ def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(tcp_pairs):
     later.join()
 
 
-def test_small_sends_time_out_once_the_far_end_reads_nothing(tcp_pairs):
+def test_small_sends_time_out_once_the_far_end_reads_nothing(shell_pairs):
     """Small frames go in one send each (one buffer): once the far end's buffers are full, a send
     waits the connection's timeout and no longer."""
     import time
 
-    connection, far = tcp_pairs()
+    connection, far = shell_pairs()
     connection.set_timeout(0.3)
     small = wire.encode_frame({"t": "batch"}, [np.zeros(2000, np.uint8)])
     assert len(small) == 1
@@ -470,12 +503,12 @@ def test_small_sends_time_out_once_the_far_end_reads_nothing(tcp_pairs):
     assert time.monotonic() - started < 30
 
 
-def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(tcp_pairs):
+def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(shell_pairs):
     import threading
     import time
 
     from ember.wire.tcp import spin_wait
-    connection, far = tcp_pairs()
+    connection, far = shell_pairs()
     data = _bytes({"t": "reply", "n": 0})
     far.sendall(data[:7])  # part of a frame: with the kernel's timeouts polling reads it, and finds no frame
     time.sleep(0.05)
@@ -501,13 +534,13 @@ def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(tcp_pairs
     assert spin_wait(connection, 5)  # readable, for the receive to report the loss
     with pytest.raises(errors.ConnectionLost):
         connection.receive()
-    connection, far = tcp_pairs()
+    connection, far = shell_pairs()
     far.sendall(_bytes({"t": "reply", "n": 4}) + b"EMBX" + bytes(12))  # a frame, then a malformed one
     time.sleep(0.05)
     assert spin_wait(connection, 5)
     with pytest.raises(errors.ProtocolError, match="bad frame magic b'EMBX'"):
         connection.receive()  # the receive reports it, as if it had read the bytes itself
-    connection, far = tcp_pairs()
+    connection, far = shell_pairs()
     far.sendall(_bytes({"t": "error", "reason": "bye"}))
     far.close()  # the peer's last frame, then the end of the stream
     time.sleep(0.05)

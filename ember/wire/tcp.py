@@ -129,7 +129,40 @@ def readiness(sock: socket.socket):
     return lambda: bool(poll(0))
 
 
-class TcpConnection:
+class SocketTimeouts:
+    """A shell's send and receive timeouts (``timeout`` seconds, None: none). Plain TCP on 64-bit
+    Linux keeps the socket blocking and has the kernel enforce them (``SO_SNDTIMEO``,
+    ``SO_RCVTIMEO``): a receive is then one ``recv`` and a send one ``send``, where Python's timeouts
+    poll the socket before each call. A socket under TLS, or elsewhere, keeps Python's (a blocking
+    TLS socket would retry a partial record past any kernel timeout). Both shells take it."""
+
+    sock: socket.socket
+    timeout: float | None = None
+    _kernel = False
+    _receive_limit: float | None = None  # the kernel's receive timeout now (None: none)
+
+    def _take_timeouts(self, timeout: float | None) -> None:
+        self._tls = isinstance(self.sock, ssl.SSLSocket)
+        self._kernel = _KERNEL_TIMEOUTS and not self._tls
+        self.set_timeout(timeout)
+
+    def set_timeout(self, seconds: float | None) -> None:
+        """The longest a send, or a wait for bytes, lasts (None: no limit); then TimedOut."""
+        self.timeout = seconds
+        if not self._kernel:
+            self.sock.settimeout(seconds)
+            return
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(seconds))
+        self._limit_receive(seconds)
+
+    def _limit_receive(self, seconds: float | None) -> None:
+        if seconds != self._receive_limit:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
+            self._receive_limit = seconds
+
+
+class TcpConnection(SocketTimeouts):
     """Frames over a TCP socket, plain or TLS, for either end; ``received`` holds bytes of the
     stream already read from the socket (a server telling TCP from WebSocket over TLS). While
     ``deadline`` is set (a ``time.monotonic()`` value: a server's handshake), no read waits past it.
@@ -152,27 +185,8 @@ class TcpConnection:
         self._closed = False
         self._ended = False  # the stream's end came (readable() found it) …
         self._failed: ProtocolError | None = None  # … or a malformed frame
-        self._tls = isinstance(sock, ssl.SSLSocket)
-        # a blocking TLS socket would retry a partial record past any kernel timeout: TLS keeps Python's
-        self._kernel = _KERNEL_TIMEOUTS and not self._tls
-        self._receive_limit: float | None = None  # the kernel's receive timeout now (None: none)
         self._waiting = readiness(sock)
-        self.set_timeout(timeout)
-
-    def set_timeout(self, seconds: float | None) -> None:
-        """The longest a send, or a wait for bytes, lasts (None: no limit); then TimedOut."""
-        self.timeout = seconds
-        if not self._kernel:
-            self.sock.settimeout(seconds)
-            return
-        self.sock.settimeout(None)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(seconds))
-        self._limit_receive(seconds)
-
-    def _limit_receive(self, seconds: float | None) -> None:
-        if seconds != self._receive_limit:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
-            self._receive_limit = seconds
+        self._take_timeouts(timeout)
 
     def set_limits(self, limits: Limits) -> None:
         self.reader.limits = limits

@@ -19,9 +19,9 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from ..errors import ConnectionLost, ProtocolError
+from ..errors import ConnectionLost, EmberError, ProtocolError
 from .protocol import PREFIX_SIZE, Frame, FrameReader, Limits
-from .tcp import TimedOut, readiness, tune, wait_limit
+from .tcp import SocketTimeouts, TimedOut, readiness, tune, wait_limit
 from .tls import wrap_client
 
 # bytes read at once, into a buffer kept for the connection: a fresh 4 MiB ``recv`` buffer cost 15 µs a receive,
@@ -35,14 +35,17 @@ def _max_size(limits: Limits) -> int:
     return PREFIX_SIZE + limits.max_frame_bytes
 
 
-class WebSocketConnection:
-    """Frames as binary WebSocket messages, for either end. While ``deadline`` is set (a
-    ``time.monotonic()`` value: a server's handshake), no read waits past it."""
+class WebSocketConnection(SocketTimeouts):
+    """Frames as binary WebSocket messages, for either end. ``timeout`` bounds each send and each
+    wait for bytes (:class:`SocketTimeouts`: on plain TCP the kernel's, so a small frame's receive
+    is one ``recv``). While ``deadline`` is set (a ``time.monotonic()`` value: a server's
+    handshake), no read waits past it."""
 
     transport = "websocket"
     deadline: float | None = None
 
-    def __init__(self, sock: socket.socket, protocol, limits: Limits = Limits(), allocate=None):
+    def __init__(self, sock: socket.socket, protocol, limits: Limits = Limits(), allocate=None,
+                 timeout: float | None = None):
         self.sock = sock
         self._waiting = readiness(sock)
         self._scratch = bytearray(_CHUNK)
@@ -50,7 +53,10 @@ class WebSocketConnection:
         self.reader = FrameReader(limits, allocate) if allocate else FrameReader(limits)
         self._frames: deque[Frame] = deque()
         self._closed = False
-        self._peer_closed = False
+        self._peer_closed = False  # a close frame came …
+        self._ended = False  # … or the stream's end (readable() found it) …
+        self._failed: EmberError | None = None  # … or a malformed message (readable() found it)
+        self._take_timeouts(timeout)
 
     def set_limits(self, limits: Limits) -> None:
         self.reader.limits = limits
@@ -106,20 +112,35 @@ class WebSocketConnection:
         return total
 
     def _pump(self, timeout: float | None = None) -> list:
+        """The protocol's events from the next bytes that arrive, waiting at most ``timeout``
+        seconds (default: the connection's timeout) and never past ``deadline``."""
         if self.protocol.eof_sent:  # a server failed the connection (an oversized message, a bad request): no waiting
             raise ConnectionLost(f"the WebSocket closed: {self.protocol.parser_exc or self.protocol.handshake_exc}")
         limit = wait_limit(timeout, self.deadline)
-        if limit is not None:
+        if limit is None:
+            limit = self.timeout
+        restore = False
+        if self._kernel:
+            self._limit_receive(limit)  # kept for the next receive (sends have one of their own)
+        elif limit != self.timeout:
             self.sock.settimeout(limit)
+            restore = True
         try:
             n = self.sock.recv_into(self._scratch)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):  # BlockingIOError: the kernel's timeout
             raise TimedOut("timed out waiting for the peer") from None
         except OSError as error:
             raise ConnectionLost(f"connection lost: {error}") from None
+        finally:
+            if restore:
+                self.sock.settimeout(self.timeout)  # sends keep their own timeout
         if not n:
             self.protocol.receive_eof()
             raise ConnectionLost("the peer closed the connection")
+        return self._events(n)
+
+    def _events(self, n: int) -> list:
+        """The protocol's events from the ``n`` bytes just read into the scratch buffer."""
         self.protocol.receive_data(self._scratch[:n])  # a copy of what arrived: the protocol keeps it
         events = self.protocol.events_received()
         self._flush()  # pongs and close replies
@@ -127,33 +148,51 @@ class WebSocketConnection:
             raise ConnectionLost(f"the WebSocket closed: {self.protocol.close_exc}")
         return events
 
-    def set_timeout(self, seconds: float | None) -> None:
-        """The longest a send, or a wait for bytes, lasts (None: no limit); then TimedOut."""
-        self.sock.settimeout(seconds)
+    def _deliver(self, events: list) -> None:
+        for event in events:
+            opcode = getattr(event, "opcode", None)
+            if opcode is Opcode.BINARY or opcode is Opcode.CONT:
+                self._frames.extend(self.reader.feed(event.data))  # fragments go straight to the reader
+            elif opcode is Opcode.TEXT:
+                raise ProtocolError("text WebSocket messages are not part of the ember protocol")
+            elif opcode is Opcode.CLOSE:
+                self._peer_closed = True  # frames that came before the close are still delivered
 
     def readable(self) -> bool:
-        """Whether a frame, or the connection's end, waits to be received (asked without waiting)."""
-        return bool(self._frames) or self._peer_closed or self._waiting()
+        """Whether a frame, or the connection's end, waits to be received (asked without waiting).
+        With the kernel's timeouts, what has come is read at once, without waiting (a poll and
+        then a receive would cost a system call more), as the TCP shell does."""
+        if self._frames or self._peer_closed or self._ended or self._failed is not None:
+            return True
+        if not self._kernel:
+            return self._waiting()
+        try:
+            n = self.sock.recv_into(self._scratch, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # receive() reports it
+        if not n:
+            self._ended = True
+            return True
+        try:
+            self._deliver(self._events(n))
+        except (ProtocolError, ConnectionLost) as error:  # the receive raises it, as if it had read the bytes itself
+            self._failed = error
+            return True
+        return bool(self._frames) or self._peer_closed
 
     def receive(self, timeout: float | None = None) -> Frame:
         """The next frame (blocking). Each wait for bytes lasts at most ``timeout`` seconds (default:
-        the socket's timeout) and never past ``deadline``; then TimedOut."""
-        previous = self.sock.gettimeout()
-        try:
-            while not self._frames:
-                if self._peer_closed:
-                    raise ConnectionLost("the peer closed the WebSocket")
-                for event in self._pump(timeout):
-                    opcode = getattr(event, "opcode", None)
-                    if opcode is Opcode.BINARY or opcode is Opcode.CONT:
-                        self._frames.extend(self.reader.feed(event.data))  # fragments go straight to the reader
-                    elif opcode is Opcode.TEXT:
-                        raise ProtocolError("text WebSocket messages are not part of the ember protocol")
-                    elif opcode is Opcode.CLOSE:
-                        self._peer_closed = True  # frames that came before the close are still delivered
-        finally:
-            if timeout is not None:
-                self.sock.settimeout(previous)  # sends keep their own timeout
+        the connection's timeout) and never past ``deadline``; then TimedOut."""
+        while not self._frames:
+            if self._failed is not None:
+                raise self._failed
+            if self._peer_closed:
+                raise ConnectionLost("the peer closed the WebSocket")
+            if self._ended:
+                raise ConnectionLost("the peer closed the connection")
+            self._deliver(self._pump(timeout))
         return self._frames.popleft()
 
     def close(self) -> None:
@@ -186,7 +225,7 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
         sock = wrap_client(sock, tls, host, port, scheme)
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     protocol = ClientProtocol(parse_uri(f"{scheme}://{authority}{path}"), max_size=_max_size(limits))
-    connection = WebSocketConnection(sock, protocol, limits, allocate)
+    connection = WebSocketConnection(sock, protocol, limits, allocate, timeout)
     protocol.send_request(protocol.connect())
     connection._flush()
     while True:
@@ -207,7 +246,7 @@ def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None, receiv
     if received:
         protocol.receive_data(received)
         events = protocol.events_received()  # the whole request may be there already
-    connection = WebSocketConnection(sock, protocol, limits, allocate)
+    connection = WebSocketConnection(sock, protocol, limits, allocate, sock.gettimeout())  # the server's, until the session's
     connection.deadline = deadline
     while True:
         arrived, events = events or connection._pump(), []
