@@ -20,7 +20,7 @@ import sys
 import time
 from collections import deque
 
-from ..errors import ArgumentError, ConnectionLost, ProtocolError
+from ..errors import ArgumentError, ConnectionLost, EmberError, ProtocolError
 from .protocol import Frame, FrameReader, Limits
 from .tls import wrap_client
 
@@ -129,17 +129,23 @@ def readiness(sock: socket.socket):
     return lambda: bool(poll(0))
 
 
-class SocketTimeouts:
-    """A shell's send and receive timeouts (``timeout`` seconds, None: none). Plain TCP on 64-bit
-    Linux keeps the socket blocking and has the kernel enforce them (``SO_SNDTIMEO``,
-    ``SO_RCVTIMEO``): a receive is then one ``recv`` and a send one ``send``, where Python's timeouts
-    poll the socket before each call. A socket under TLS, or elsewhere, keeps Python's (a blocking
-    TLS socket would retry a partial record past any kernel timeout). Both shells take it."""
+class SocketShell:
+    """What both shells do with their socket alike: its timeouts, and a look for a frame.
+
+    ``timeout`` (seconds, None: none) bounds each send and each wait for bytes. Plain TCP on
+    64-bit Linux keeps the socket blocking and has the kernel enforce it (``SO_SNDTIMEO``,
+    ``SO_RCVTIMEO``): a receive is then one ``recv`` and a send one ``send``, where Python's
+    timeouts poll the socket before each call. A socket under TLS, or elsewhere, keeps Python's (a
+    blocking TLS socket would retry a partial record past any kernel timeout). With the kernel's
+    timeouts, a look for a frame reads what has come at once, without waiting (:meth:`_read_now`),
+    where a poll and then a receive would cost a system call more."""
 
     sock: socket.socket
     timeout: float | None = None
     _kernel = False
     _receive_limit: float | None = None  # the kernel's receive timeout now (None: none)
+    _ended = False  # the stream's end came (a look found it) …
+    _failed: EmberError | None = None  # … or malformed bytes: the next receive raises it
 
     def _take_timeouts(self, timeout: float | None) -> None:
         self._tls = isinstance(self.sock, ssl.SSLSocket)
@@ -161,8 +167,27 @@ class SocketTimeouts:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
             self._receive_limit = seconds
 
+    def _read_now(self) -> bool:
+        """Whether a frame, the stream's end or a failure waits for the receive, after reading
+        what has come into ``_scratch`` without waiting and giving the shell its ``n`` bytes
+        (``_take(n)``, which answers whether a frame waits)."""
+        try:
+            n = self.sock.recv_into(self._scratch, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # receive() reports it
+        if not n:
+            self._ended = True
+            return True
+        try:
+            return self._take(n)
+        except (ProtocolError, ConnectionLost) as error:  # the receive raises it, as if it had read the bytes itself
+            self._failed = error
+            return True
 
-class TcpConnection(SocketTimeouts):
+
+class TcpConnection(SocketShell):
     """Frames over a TCP socket, plain or TLS, for either end; ``received`` holds bytes of the
     stream already read from the socket (a server telling TCP from WebSocket over TLS). While
     ``deadline`` is set (a ``time.monotonic()`` value: a server's handshake), no read waits past it.
@@ -183,8 +208,6 @@ class TcpConnection(SocketTimeouts):
         self._frames: deque[Frame] = deque(self.reader.feed(received))
         self._scratch = memoryview(bytearray(_DIRECT))  # small reads land here; a view, sliced for each
         self._closed = False
-        self._ended = False  # the stream's end came (readable() found it) …
-        self._failed: ProtocolError | None = None  # … or a malformed frame
         self._waiting = readiness(sock)
         self._take_timeouts(timeout)
 
@@ -254,20 +277,10 @@ class TcpConnection(SocketTimeouts):
             return True
         if not self._kernel or self.reader.awaiting() >= _DIRECT:
             return self._waiting()
-        try:
-            n = self.sock.recv_into(self._scratch, 0, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True  # receive() reports it
-        if not n:
-            self._ended = True
-            return True
-        try:
-            self._frames.extend(self.reader.feed(self._scratch[:n]))
-        except ProtocolError as error:  # the receive raises it, as if it had read the bytes itself
-            self._failed = error
-            return True
+        return self._read_now()
+
+    def _take(self, n: int) -> bool:
+        self._frames.extend(self.reader.feed(self._scratch[:n]))
         return bool(self._frames)
 
     def receive(self, timeout: float | None = None) -> Frame:

@@ -19,9 +19,9 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from ..errors import ConnectionLost, EmberError, ProtocolError
+from ..errors import ConnectionLost, ProtocolError
 from .protocol import PREFIX_SIZE, Frame, FrameReader, Limits
-from .tcp import SocketTimeouts, TimedOut, readiness, tune, wait_limit
+from .tcp import SocketShell, TimedOut, readiness, tune, wait_limit
 from .tls import wrap_client
 
 # bytes read at once, into a buffer kept for the connection: a fresh 4 MiB ``recv`` buffer cost 15 µs a receive,
@@ -35,9 +35,9 @@ def _max_size(limits: Limits) -> int:
     return PREFIX_SIZE + limits.max_frame_bytes
 
 
-class WebSocketConnection(SocketTimeouts):
+class WebSocketConnection(SocketShell):
     """Frames as binary WebSocket messages, for either end. ``timeout`` bounds each send and each
-    wait for bytes (:class:`SocketTimeouts`: on plain TCP the kernel's, so a small frame's receive
+    wait for bytes (:class:`SocketShell`: on plain TCP the kernel's, so a small frame's receive
     is one ``recv``). While ``deadline`` is set (a ``time.monotonic()`` value: a server's
     handshake), no read waits past it."""
 
@@ -53,9 +53,7 @@ class WebSocketConnection(SocketTimeouts):
         self.reader = FrameReader(limits, allocate) if allocate else FrameReader(limits)
         self._frames: deque[Frame] = deque()
         self._closed = False
-        self._peer_closed = False  # a close frame came …
-        self._ended = False  # … or the stream's end (readable() found it) …
-        self._failed: EmberError | None = None  # … or a malformed message (readable() found it)
+        self._peer_closed = False  # a close frame came
         self._take_timeouts(timeout)
 
     def set_limits(self, limits: Limits) -> None:
@@ -159,27 +157,16 @@ class WebSocketConnection(SocketTimeouts):
                 self._peer_closed = True  # frames that came before the close are still delivered
 
     def readable(self) -> bool:
-        """Whether a frame, or the connection's end, waits to be received (asked without waiting).
-        With the kernel's timeouts, what has come is read at once, without waiting (a poll and
-        then a receive would cost a system call more), as the TCP shell does."""
+        """Whether a frame, or the connection's end, waits to be received (asked without waiting;
+        with the kernel's timeouts, what has come is read at once: :class:`SocketShell`)."""
         if self._frames or self._peer_closed or self._ended or self._failed is not None:
             return True
         if not self._kernel:
             return self._waiting()
-        try:
-            n = self.sock.recv_into(self._scratch, 0, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True  # receive() reports it
-        if not n:
-            self._ended = True
-            return True
-        try:
-            self._deliver(self._events(n))
-        except (ProtocolError, ConnectionLost) as error:  # the receive raises it, as if it had read the bytes itself
-            self._failed = error
-            return True
+        return self._read_now()
+
+    def _take(self, n: int) -> bool:
+        self._deliver(self._events(n))
         return bool(self._frames) or self._peer_closed
 
     def receive(self, timeout: float | None = None) -> Frame:
