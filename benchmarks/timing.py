@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,16 @@ class Row:
         return self.ember / self.baseline if self.baseline else float("inf")
 
 
+def meets(ratio: float, target: str) -> bool | None:
+    """Whether ``ratio`` meets a target written ``≤ 2.00x`` or ``≥ 0.90x``; None for a row
+    without one ("reported", "contrast", "")."""
+    match = re.fullmatch(r"([≤≥]) ([0-9.]+)x", target.strip())
+    if match is None:
+        return None
+    bound = float(match.group(2))
+    return ratio <= bound if match.group(1) == "≤" else ratio >= bound
+
+
 @dataclass
 class Report:
     suite: str
@@ -113,4 +124,33 @@ def combined_table(reports: list[Report]) -> str:
         lines += [f"  {report.suite}: {n}" for n in report.notes]
     if any(r.stolen is not None for report in reports for r in report.rows):
         lines.append(f"  {STOLEN_NOTE}")
+    return "\n".join(lines)
+
+
+def spread_table(runs: list[list[dict]]) -> str:
+    """One table of several runs of the same suites (each run as ``--json`` writes it): for
+    every row the median of its runs' ember and baseline figures and ratios, the ratios' range,
+    how many runs met its target, and the median stolen share."""
+    rows: dict[tuple, list[dict]] = {}
+    for run in runs:
+        for report in run:
+            for row in report["rows"]:
+                rows.setdefault((report["suite"], row["name"], row["baseline_name"]), []).append(row)
+    lines = [f"{'suite':<8} {'benchmark':<46} {'ember':>11} {'baseline':>22} {'ratio':>7} {'range':>13} "
+             f"{'met':>6} {'stolen':>6}  target"]
+    for (suite, name, baseline_name), found in rows.items():
+        ratios = [row["ratio"] for row in found]
+        unit, target = found[0]["unit"], found[0]["target"]
+        verdicts = [meets(ratio, target) for ratio in ratios]
+        met = "" if verdicts[0] is None else f"{sum(verdicts)}/{len(found)}"
+        shares = [row["stolen"] for row in found if row.get("stolen") is not None]
+        stolen = f"{statistics.median(shares):.0%}" if shares else ""
+        ember = _fmt(statistics.median(row["ember"] for row in found), unit)
+        baseline = f"{baseline_name} {_fmt(statistics.median(row['baseline'] for row in found), unit)}"
+        spread = f"{min(ratios):.2f}–{max(ratios):.2f}x"
+        lines.append(f"{suite:<8} {name:<46} {ember:>11} {baseline:>22} {statistics.median(ratios):>6.2f}x {spread:>13} "
+                     f"{met:>6} {stolen:>6}  {target}")
+    lines.append(f"  {len(runs)} runs, each in a fresh process: per row the median of the runs' medians, the range of "
+                 f"their ratios, and in how many runs the ratio met the target")
+    lines.append(f"  {STOLEN_NOTE} (the median over the runs)")
     return "\n".join(lines)

@@ -7,7 +7,7 @@
     ember demo                     the whole job in one command: peer, remote, training, capture
     ember devices [PEER]           list the local devices (or a compute peer's, or with ray://auto
                                    the peers ember.ray.launch runs on a Ray cluster)
-    ember bench [SUITE ...]        run benchmarks, print one table of ratios
+    ember bench [SUITE ...]        run benchmarks, print one table of ratios (--runs N: their spread)
     ember top PEER [--once]        a compute peer's sessions and throughput, refreshed (its /status.json)
     ember graph FILE [--render OUT] [--onnx OUT] [--json OUT]
                                    summarise a saved graph (.ember, or an ONNX model); convert or draw it
@@ -124,6 +124,11 @@ def _bench(args) -> int:
     if unknown:
         print(f"ember bench: unknown suite {unknown[0]!r}; choose from {', '.join(SUITES)}", file=sys.stderr)
         return 2
+    if args.runs < 1:
+        print(f"ember bench: --runs must be 1 or more, got {args.runs}", file=sys.stderr)
+        return 2
+    if args.runs > 1:
+        return _bench_runs(args, suites)
     from .benchmarks.timing import combined_table
     reports = []
     for suite in suites:
@@ -258,7 +263,10 @@ def parser() -> argparse.ArgumentParser:
                                             "with a baseline measured in the same run and prints medians and ratios.")
     bench.add_argument("suites", nargs="*", metavar="SUITE", help="suites to run (default: all)")
     bench.add_argument("--quick", action="store_true", help="fewer repeats: a fast, noisier run")
-    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON (with --runs: a list of the runs)")
+    bench.add_argument("--runs", type=int, default=1, metavar="N",
+                       help="run the suites N times, each in a fresh process, and print each row's median, range "
+                            "and how many runs met its target (default 1: one table of one run)")
     bench.set_defaults(run=_bench)
 
     graph = commands.add_parser("graph", help="summarise, convert, draw or verify a saved graph",
@@ -275,6 +283,36 @@ def parser() -> argparse.ArgumentParser:
     graph.add_argument("--inputs", metavar="NPZ", help="verify: input arrays by name (default: seeded random ones)")
     graph.set_defaults(run=_graph)
     return top
+
+
+def _bench_runs(args, suites: list[str]) -> int:
+    """``ember bench --runs N``: the suites run N times, each time in a fresh process (as a user
+    runs them, nothing warm from the run before), then one table of each row's spread."""
+    import subprocess
+    import tempfile
+    import time
+
+    from .benchmarks.timing import spread_table
+    runs = []
+    with tempfile.TemporaryDirectory() as folder:
+        for i in range(args.runs):
+            path = os.path.join(folder, f"run{i}.json")
+            command = [sys.executable, "-c", "import sys; from ember.cli import main; sys.exit(main(sys.argv[1:]))",
+                       "bench", *suites, "--json", path, *(["--quick"] if args.quick else [])]
+            print(f"run {i + 1} of {args.runs} …", file=sys.stderr, flush=True)
+            started = time.monotonic()
+            done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if done.returncode != 0:
+                print(f"ember bench: run {i + 1} failed (exit {done.returncode}):\n{done.stderr.strip()}", file=sys.stderr)
+                return 1
+            with open(path) as f:
+                runs.append(json.load(f))
+            print(f"  run {i + 1}: done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    print(spread_table(runs), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f, indent=2)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

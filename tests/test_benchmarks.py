@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from ember.benchmarks import SUITES
-from ember.benchmarks.timing import STOLEN_NOTE, Report, Row, combined_table, cpu_ticks, stolen_share
+from ember.benchmarks.timing import STOLEN_NOTE, Report, Row, combined_table, cpu_ticks, meets, spread_table, stolen_share
 
 from ember.cli import main
 from ember.wire.protocol import PREFIX_SIZE
@@ -96,3 +96,42 @@ def test_the_table_shows_each_rows_stolen_share_and_says_what_it_is():
     assert lines[2].rstrip().endswith("2.00x")
     assert lines[-1].strip() == STOLEN_NOTE
     assert STOLEN_NOTE not in combined_table([Report("core", [Row("(y) unmeasured", 1.0, "b", 1.0)])])
+
+
+def test_a_target_is_met_by_the_ratios_on_its_side_of_the_bound():
+    assert meets(1.99, "≤ 2.00x") and meets(2.0, "≤ 2.00x") and not meets(2.01, "≤ 2.00x")
+    assert meets(0.9, "≥ 0.90x") and not meets(0.89, "≥ 0.90x")
+    assert meets(1.0, "reported") is None and meets(1.0, "") is None and meets(1.0, "contrast") is None
+
+
+def _run(chain_ratio: float, op_ratio: float, stolen: float) -> list[dict]:
+    """One run of a suite as ``--json`` writes it: a chain row and a one-op row."""
+    rows = [Row("(a) chain", chain_ratio * 1e-3, "local", 1e-3, "≤ 1.50x", stolen=stolen),
+            Row("(c) one op", op_ratio * 20e-6, "raw echo", 20e-6, "≤ 2.00x", stolen=stolen),
+            Row("(b) upload", 3e9, "raw", 2e9, "reported", unit="B/s", higher_is_better=True, stolen=None)]
+    return [Report("remote", rows).as_dict()]
+
+
+def test_the_spread_of_several_runs_gives_each_rows_median_range_and_runs_that_met_it():
+    runs = [_run(1.2, 2.5, 0.0), _run(1.6, 1.8, 0.1), _run(1.4, 1.9, 0.3)]
+    lines = spread_table(runs).splitlines()
+    assert lines[0].split()[-5:] == ["ratio", "range", "met", "stolen", "target"]
+    chain, one_op, upload = lines[1], lines[2], lines[3]
+    assert "1.40x" in chain and "1.20–1.60x" in chain and " 2/3 " in chain and "10%" in chain  # 1.6 misses 1.5
+    assert "1.90x" in one_op and "1.80–2.50x" in one_op and " 2/3 " in one_op
+    assert "1.50x" in upload and "3.00 GB/s" in upload and "/3" not in upload  # reported: no count, no share
+    assert "3 runs, each in a fresh process" in lines[-2] and lines[-1].strip().startswith("stolen:")
+
+
+def test_bench_runs_its_suites_in_fresh_processes_and_prints_their_spread(tmp_path, capsys):
+    path = tmp_path / "runs.json"
+    assert main(["bench", "capture", "--quick", "--runs", "2", "--json", str(path)]) == 0
+    runs = json.loads(path.read_text())
+    assert len(runs) == 2 and all(run[0]["suite"] == "capture" for run in runs)
+    out = capsys.readouterr()
+    assert "run 2 of 2" in out.err and "2 runs, each in a fresh process" in out.out
+    first = runs[0][0]["rows"][0]
+    line = next(line for line in out.out.splitlines() if first["name"] in line)
+    if meets(1.0, first["target"]) is not None:
+        assert "/2" in line  # how many of the two runs met its target
+    assert main(["bench", "capture", "--runs", "0"]) == 2
