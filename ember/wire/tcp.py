@@ -142,6 +142,7 @@ class SocketShell:
 
     sock: socket.socket
     timeout: float | None = None
+    deadline: float | None = None  # a time.monotonic() value no read waits past (a server's handshake)
     _kernel = False
     _receive_limit: float | None = None  # the kernel's receive timeout now (None: none)
     _ended = False  # the stream's end came (a look found it) …
@@ -166,6 +167,26 @@ class SocketShell:
         if seconds != self._receive_limit:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
             self._receive_limit = seconds
+
+    def _limit_wait(self, timeout: float | None, python: bool = False) -> bool:
+        """Bound the next wait for bytes by ``timeout`` seconds (None: the connection's), never past
+        ``deadline``: with the kernel's timeouts by its receive timeout, kept for the next receive
+        (sends have one of their own), unless ``python`` asks for Python's (large transfers moved
+        more with them). Whether it set a Python timeout, which :meth:`_end_wait` takes back."""
+        limit = wait_limit(timeout, self.deadline)
+        if limit is None:
+            limit = self.timeout
+        if self._kernel and not python:
+            self._limit_receive(limit)
+            return False
+        if self._kernel or limit != self.timeout:
+            self.sock.settimeout(limit)
+            return True
+        return False
+
+    def _end_wait(self) -> None:
+        """Take back the Python timeout :meth:`_limit_wait` set."""
+        self.sock.settimeout(None if self._kernel else self.timeout)
 
     def _read_now(self) -> bool:
         """Whether a frame, the stream's end or a failure waits for the receive, after reading
@@ -198,7 +219,6 @@ class TcpConnection(SocketShell):
     more, and tensors of 64 KiB or more, move with Python's timeouts, which moved more a second."""
 
     transport = "tcp"
-    deadline: float | None = None
 
     def __init__(self, sock: socket.socket, limits: Limits = Limits(), timeout: float | None = None, allocate=None,
                  received: bytes = b""):
@@ -294,18 +314,8 @@ class TcpConnection(SocketShell):
                 if self._ended:
                     raise ConnectionLost("the peer closed the connection")
                 direct = self.reader.awaiting() >= _DIRECT  # a large tensor's bytes go straight into its array
-                limit = wait_limit(timeout, self.deadline)
-                if limit is None:
-                    limit = self.timeout
-                if self._kernel:
-                    if restore or direct:  # as a large frame is sent (TcpConnection.send): Python's timeouts moved more
-                        self.sock.settimeout(limit)
-                        restore = True
-                    else:  # one recv: the kernel's timeout, kept for the next receive (sends have one of their own)
-                        self._limit_receive(limit)
-                elif limit != self.timeout:
-                    self.sock.settimeout(limit)
-                    restore = True
+                # as a large frame is sent (TcpConnection.send), a large tensor is received with Python's timeouts
+                restore = self._limit_wait(timeout, python=restore or direct) or restore
                 try:
                     if direct:
                         n = self.sock.recv_into(self.reader.buffer())
@@ -322,7 +332,7 @@ class TcpConnection(SocketShell):
                 self._frames.extend(frames)
         finally:
             if restore:
-                self.sock.settimeout(None if self._kernel else self.timeout)
+                self._end_wait()
         return self._frames.popleft()
 
     def close(self) -> None:

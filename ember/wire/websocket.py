@@ -21,7 +21,7 @@ from websockets.uri import parse_uri
 
 from ..errors import ConnectionLost, ProtocolError
 from .protocol import PREFIX_SIZE, Frame, FrameReader, Limits
-from .tcp import SocketShell, TimedOut, readiness, tune, wait_limit
+from .tcp import SocketShell, TimedOut, readiness, tune
 from .tls import wrap_client
 
 # bytes read at once, into a buffer kept for the connection: a fresh 4 MiB ``recv`` buffer cost 15 µs a receive,
@@ -42,7 +42,6 @@ class WebSocketConnection(SocketShell):
     handshake), no read waits past it."""
 
     transport = "websocket"
-    deadline: float | None = None
 
     def __init__(self, sock: socket.socket, protocol, limits: Limits = Limits(), allocate=None,
                  timeout: float | None = None):
@@ -114,15 +113,7 @@ class WebSocketConnection(SocketShell):
         seconds (default: the connection's timeout) and never past ``deadline``."""
         if self.protocol.eof_sent:  # a server failed the connection (an oversized message, a bad request): no waiting
             raise ConnectionLost(f"the WebSocket closed: {self.protocol.parser_exc or self.protocol.handshake_exc}")
-        limit = wait_limit(timeout, self.deadline)
-        if limit is None:
-            limit = self.timeout
-        restore = False
-        if self._kernel:
-            self._limit_receive(limit)  # kept for the next receive (sends have one of their own)
-        elif limit != self.timeout:
-            self.sock.settimeout(limit)
-            restore = True
+        restore = self._limit_wait(timeout)
         try:
             n = self.sock.recv_into(self._scratch)
         except (TimeoutError, BlockingIOError):  # BlockingIOError: the kernel's timeout
@@ -131,7 +122,7 @@ class WebSocketConnection(SocketShell):
             raise ConnectionLost(f"connection lost: {error}") from None
         finally:
             if restore:
-                self.sock.settimeout(self.timeout)  # sends keep their own timeout
+                self._end_wait()
         if not n:
             self.protocol.receive_eof()
             raise ConnectionLost("the peer closed the connection")
