@@ -382,12 +382,16 @@ def _avg_pool_grad(xp, g, out, x, kernel_size, stride, padding):
     return (xp.nn.conv2d_input_grad(g, weight, shape=x.shape, stride=stride, padding=padding, dilation=(1, 1), groups=c),)
 
 
+UFUNC_BUFFER = 8192  # elements: NumPy's ufunc buffer (np.getbufsize()), which an in-place op on strided views fills
+
+
 def _pool_scratch(ins, outs, attrs) -> int:
-    """A pool reduces strided windows of the padded input in place; its gradient unfolds them twice."""
+    """A pool combines strided windows of the padded input into its output in place, through one
+    ufunc buffer; its gradient unfolds them twice."""
     x = ins[0]
     padded = _padded_bytes(x.shape, attrs["padding"], x.dtype)
     if len(ins) == 1:
-        return padded
+        return padded + min(math.prod(outs[0].shape), UFUNC_BUFFER) * x.dtype.itemsize
     return padded + 2 * _windows_bytes(x.shape, ins[1].shape[2:], attrs["kernel_size"], x.dtype)
 
 
