@@ -131,18 +131,26 @@ class Demo:
                  f"({t_eager / t_jit:.1f}x); the graph was registered once, each call sends a reference and ids")
 
     def onnx_step(self, graph, directory: Path, args, loss: float, first_weight) -> None:
-        """The captured step as an ONNX model, run by ONNX Runtime from the same inputs (with ``ember[onnx]``)."""
+        """The captured step as an ONNX model, run by ONNX Runtime from the same inputs (with ``ember[onnx]``:
+        ONNX Runtime 1.26 or newer, which needs Python 3.11; older releases lack a float64 kernel it uses)."""
         try:
             import onnxruntime
         except ImportError:
-            self.say("  (pip install 'ember[onnx]' to also export the step to ONNX and run it with ONNX Runtime)")
+            where = "" if sys.version_info >= (3, 11) else " on Python 3.11 or newer, where ONNX Runtime 1.26+ is"
+            self.say(f"  (pip install 'ember[onnx]'{where} to also export the step to ONNX and run it with ONNX Runtime)")
             return
         from .trees import flatten
         path = graph.to_onnx(directory / "train_step.onnx")
         leaves: list = []
         flatten((args, {}), leaves)
         feeds = {name: em.asnumpy(leaf) for (name, _, _), leaf in zip(graph.inputs, leaves)}
-        outs = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+        try:
+            outs = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+        except Exception as error:  # onnxruntime's own errors derive from Exception alone
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            self.say(f"  exported {path}; ONNX Runtime {onnxruntime.__version__} could not run it ({first:.160}); "
+                     f"1.26 and newer do")
+            return
         self.say(f"  exported {path} ({len(graph.ops)} ops → ONNX opset 18); ONNX Runtime's loss {float(outs[0]):.10g}")
         self.check(np.isclose(float(outs[0]), loss, rtol=1e-9) and np.allclose(outs[1], first_weight, rtol=1e-9, atol=1e-12),
                    "ONNX Runtime's step equals ember's")

@@ -344,7 +344,7 @@ def test_the_budget_holds_exactly_its_limit_and_a_pool_gives_way_largest_first_o
     budget = Budget(10 * MiB)
     pool = BufferPool(minimum=1024, budget=budget)
     for n in (MiB, 2 * MiB, 3 * MiB):
-        pool.release(pool.allocate((n,), np.dtype(np.uint8)))  # held by nothing else: kept
+        pool.release([pool.allocate((n,), np.dtype(np.uint8))])  # held by nothing else: kept
     assert pool.total == 6 * MiB and budget.used == 6 * MiB
     assert budget.take(5 * MiB)  # 1 MiB short: only the largest idle buffer goes
     assert pool.total == 3 * MiB and sorted(pool.free) == [MiB, 2 * MiB] and budget.used == 8 * MiB
@@ -357,9 +357,9 @@ def test_a_released_buffer_is_kept_only_if_the_budget_has_room_without_evicting(
     from ember.remote.session import BufferPool
     budget = Budget(3 * MiB)
     pool = BufferPool(minimum=1024, budget=budget)
-    pool.release(pool.allocate((2 * MiB,), np.dtype(np.uint8)))
+    pool.release([pool.allocate((2 * MiB,), np.dtype(np.uint8))])
     assert pool.total == 2 * MiB and budget.used == 2 * MiB
-    pool.release(np.empty(3 * MiB // 2, np.uint8)[:])  # no room for both: the second is let go, the first stays
+    pool.release([np.empty(3 * MiB // 2, np.uint8)[:]])  # no room for both: the second is let go, the first stays
     assert pool.total == 2 * MiB and budget.used == 2 * MiB and list(pool.free) == [2 * MiB]
 
 
@@ -368,7 +368,7 @@ def test_a_pool_gives_up_no_more_than_the_shortfall():
     budget = Budget(6 * MiB)
     pool = BufferPool(minimum=1024, budget=budget)
     for n in (MiB, 2 * MiB, 2 * MiB):
-        pool.release(np.empty(n, np.uint8)[:])  # a view of a fresh 1-d byte buffer: kept
+        pool.release([np.empty(n, np.uint8)[:]])  # a view of a fresh 1-d byte buffer: kept
     assert pool.total == 5 * MiB and budget.take(3 * MiB)  # exactly 2 MiB short: one 2 MiB buffer covers it; the others stay
     assert sorted(pool.free) == [MiB, 2 * MiB] and len(pool.free[2 * MiB]) == 1 and budget.used == 6 * MiB
 

@@ -30,11 +30,15 @@ def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path):
     assert (tmp_path / "train_step.ember").exists() and (tmp_path / "train_step.json").exists()
     assert (tmp_path / "train_step.svg").exists() or (tmp_path / "train_step.dot").exists()
     try:
-        import onnxruntime  # noqa: F401
+        import onnxruntime
     except ImportError:
         assert "pip install 'ember[onnx]'" in out
     else:
-        assert (tmp_path / "train_step.onnx").exists() and "✓ ONNX Runtime's step equals ember's" in out
+        assert (tmp_path / "train_step.onnx").exists()
+        if tuple(map(int, onnxruntime.__version__.split(".")[:2])) >= (1, 26):
+            assert "✓ ONNX Runtime's step equals ember's" in out
+        else:  # a release without the float64 kernel its optimizer reaches for: said, and the demo goes on
+            assert f"ONNX Runtime {onnxruntime.__version__} could not run it" in out
     deadline = time.monotonic() + 10
     while _group_alive(demo.pid) and time.monotonic() < deadline:
         time.sleep(0.1)

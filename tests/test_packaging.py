@@ -47,15 +47,22 @@ def test_wheel_holds_every_module_of_ember_and_the_benchmarks(wheel):
     assert "ember = ember.cli:main" in entry_points
 
 
+OPTIONAL = ("torch", "jax", "ray", "onnx", "onnxruntime", "prometheus_client")  # the extras' packages
+
+
 def test_installed_wheel_imports_every_module_from_another_directory(wheel, tmp_path):
     target = tmp_path / "site"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                                capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stdout + installed.stderr
+    # a module of an optional extra that is not installed here (jax on Python 3.10) may fail for that reason only
     script = (
-        "import importlib, pkgutil, ember\n"
+        "import importlib, importlib.util, pkgutil, ember\n"
         "names = [m.name for m in pkgutil.walk_packages(ember.__path__, 'ember.')]\n"
-        "for name in names: importlib.import_module(name)\n"
+        "for name in names:\n"
+        "    try: importlib.import_module(name)\n"
+        "    except ModuleNotFoundError as error:\n"
+        f"        if error.name not in {OPTIONAL!r} or importlib.util.find_spec(error.name): raise\n"
         "print(ember.__file__); print(len(names))\n"
         "import ember.cli; ember.cli.main(['bench', 'no-such-suite'])\n"
     )

@@ -801,19 +801,25 @@ def _address(array) -> int:
 
 def test_buffer_pool_reuses_only_unshared_buffers():
     pool = BufferPool(minimum=1024)
-    a = pool.allocate((64, 64), np.dtype(np.float32))
-    address = _address(a)
-    view = a.reshape(-1)
-    pool.release(a)                      # a view still shares the memory: kept out of the pool
+    offered = [pool.allocate((64, 64), np.dtype(np.float32))]  # the list holds the only reference, as a drop's does
+    address = _address(offered[0])
+    view = offered[0].reshape(-1)
+    pool.release(offered)                # a view still shares the memory: kept out of the pool
     assert pool.total == 0
     del view
-    alias = a
-    pool.release(a)                      # so does another reference to the same array (another tensor id's)
+    alias = offered[0]
+    pool.release(offered)                # so does another reference to the same array (another tensor id's, a name)
     assert pool.total == 0
+    root = alias.base
     del alias
-    pool.release(a)
-    assert pool.total == 64 * 64 * 4 and pool.free == {64 * 64 * 4: [a.base]}
-    del a
+    pool.release(offered)                # and to its buffer
+    assert pool.total == 0
+    del root
+    pool.release([offered[0], offered[0]])  # one array offered twice (two ids of one tensor): the second still uses it
+    assert pool.total == 0
+    pool.release(offered)
+    assert pool.total == 64 * 64 * 4 and pool.free == {64 * 64 * 4: [offered[0].base]}
+    del offered
     b = pool.allocate((32, 128), np.dtype(np.float32))   # same size: the buffer comes back
     assert _address(b) == address and pool.total == 0 and pool.free == {64 * 64 * 4: []}
     c = pool.allocate((32, 128), np.dtype(np.float32))   # the pool is empty again: a fresh buffer
@@ -824,32 +830,26 @@ def test_buffer_pool_keeps_buffers_from_its_minimum_up_to_its_capacity():
     pool = BufferPool(capacity=3072, minimum=1024)
     small = pool.allocate((1023,), np.dtype(np.uint8))
     assert small.base is None  # below the minimum: a plain array, never pooled
-    pool.release(small)
-    at_minimum = pool.allocate((128,), np.dtype(np.float64))
-    pool.release(at_minimum)
+    pool.release([small])
+    pool.release([pool.allocate((128,), np.dtype(np.float64))])
     assert pool.total == 1024
-    del at_minimum
-    big = pool.allocate((256,), np.dtype(np.float64))
-    pool.release(big)
+    pool.release([pool.allocate((256,), np.dtype(np.float64))])
     assert pool.total == 3072 and sorted(pool.free) == [1024, 2048]  # exactly at capacity
-    del big
-    over = pool.allocate((128,), np.dtype(np.float64))
+    over = [pool.allocate((128,), np.dtype(np.float64))]
     assert pool.total == 2048  # the kept 1 KiB buffer came back
     pool.release(over)
-    one_more = pool.allocate((129,), np.dtype(np.float64))
-    pool.release(one_more)
-    assert pool.total == 3072  # a buffer past the capacity is let go
-    assert pool.total == 3072 and sorted(pool.free) == [1024, 2048]
+    pool.release([pool.allocate((129,), np.dtype(np.float64))])
+    assert pool.total == 3072 and sorted(pool.free) == [1024, 2048]  # a buffer past the capacity is let go
 
 
 def test_buffer_pool_keeps_only_views_of_one_dimensional_byte_buffers():
     pool = BufferPool(minimum=1024)
-    # each released as a temporary, so only its shape decides (not another reference)
-    pool.release(np.ones(4096, np.uint8))                 # owns its memory: not from a frame
-    pool.release(np.ones(1024)[:])                        # a view of a float64 buffer
-    pool.release(np.ones((64, 64), np.uint8)[:, :32])     # a view of a 2-d buffer
-    pool.release(np.zeros((32, 64), np.uint8).view(np.int16)[:])
-    pool.release(np.ones(2048, np.uint8)[:1024].view(np.float64))  # a 1-d byte buffer: kept
+    # each offered alone in its list, so only its shape decides (not another reference)
+    pool.release([np.ones(4096, np.uint8)])                 # owns its memory: not from a frame
+    pool.release([np.ones(1024)[:]])                        # a view of a float64 buffer
+    pool.release([np.ones((64, 64), np.uint8)[:, :32]])     # a view of a 2-d buffer
+    pool.release([np.zeros((32, 64), np.uint8).view(np.int16)[:]])
+    pool.release([np.ones(2048, np.uint8)[:1024].view(np.float64)])  # a 1-d byte buffer: kept
     assert pool.total == 2048 and list(pool.free) == [2048]
 
 

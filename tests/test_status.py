@@ -13,6 +13,8 @@ import urllib.request
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ember as em
 
@@ -317,3 +319,64 @@ def test_the_status_pages_access_rule_asks_each_hosted_device_as_the_handshake_d
     assert host.admits("1.2.3.4:5", "anyone's") == "1.2.3.4:5"  # … else the address
     assert host.admits("1.2.3.4:5", "nobody's") is None
     assert Host(hosted_devices("numpy"), None, Limits()).admits("1.2.3.4:5", None) == "1.2.3.4:5"  # no rule: open
+
+
+# --- reading a request's head: the parser alone, its bytes arriving in any pieces ---
+
+class _ArrivingSocket:
+    """A client's bytes as a socket gives them to ``read_request``: in the given pieces, one a recv."""
+
+    def __init__(self, pieces):
+        self.pieces = list(pieces)
+
+    def settimeout(self, seconds):
+        pass
+
+    def recv(self, n):
+        piece = self.pieces.pop(0) if self.pieces else b""
+        assert len(piece) <= n, "more bytes than the head's limit asked for"
+        return piece
+
+
+def _read(request: bytes, cuts) -> object:
+    import time
+
+    from ember.remote.http import read_request
+    cuts = sorted({c for c in cuts if 0 < c < len(request)})
+    pieces = [request[a:b] for a, b in zip([0, *cuts], [*cuts, len(request)])]
+    # the server hands on the first four bytes it read to tell HTTP from the ember protocol, or none
+    received, pieces = (pieces[0], pieces[1:]) if len(pieces[0]) <= 4 else (b"", pieces)
+    return read_request(_ArrivingSocket(pieces), received, time.monotonic() + 5)
+
+
+HEAD_REQUEST = b"HEAD /status.json HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer x\r\n\r\n"
+UPGRADE_REQUEST = (b"GET /ember HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+
+
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(0, len(UPGRADE_REQUEST)), max_size=8))
+def test_a_head_reads_the_same_in_any_pieces(cuts):
+    """HEAD is read as HEAD by every websockets version (16, the last for Python 3.10, parses GET only),
+    and a WebSocket upgrade as an upgrade, however the bytes arrive; every byte is kept for the handshake."""
+    head = _read(HEAD_REQUEST, cuts)
+    assert (head.method, head.path, head.refusal, head.raw) == ("HEAD", "/status.json", None, HEAD_REQUEST)
+    assert head.header("Authorization") == "Bearer x" and not head.upgrade
+    upgrade = _read(UPGRADE_REQUEST, cuts)
+    assert (upgrade.method, upgrade.path, upgrade.refusal, upgrade.raw) == ("GET", "/ember", None, UPGRADE_REQUEST)
+    assert upgrade.upgrade
+
+
+@pytest.mark.parametrize("request_head, status", [
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", 414),                     # the request line past websockets' limit
+    (b"HEAD /" + b"a" * 9000, 414),                                           # … still arriving
+    (b"GET / HTTP/1.1\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n", 431),          # a header line past it
+    (b"GET / HTTP/1.1\r\n" + b"X-Header: 1\r\n" * 70 + b"\r\n", 431),           # more headers than ember reads
+    (b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405),
+    (b"GET / FOO\r\n\r\n", 400),                                                # not HTTP
+    (b"HEAD / HTTP/1.1\r\nno colon here\r\n\r\n", 400),                          # a header that is not one
+])
+def test_a_head_past_a_limit_or_unreadable_is_refused_by_its_status(request_head, status):
+    for cuts in ([], range(1, len(request_head), 1000), [1, 2, 3, 4, 5, 6]):
+        refusal = _read(request_head, cuts).refusal
+        assert refusal is not None and refusal.status == status, (cuts, refusal and refusal.status)

@@ -34,10 +34,14 @@ def _references(items) -> list:
 _ALONE = _references((object(),))[0]  # the count of an object that one container alone holds, taken the same way
 
 
-def held_alone(items) -> list[bool]:
-    """For each of ``items`` (a list or tuple), whether the container holds its only reference: no
-    name, view or buffer of it lives anywhere else (a view holds a reference to its array)."""
-    return [count == _ALONE for count in _references(items)]
+def held_alone(items, besides: int = 0) -> list[bool]:
+    """For each of ``items`` (a list or tuple), whether the container holds its only reference
+    (with ``besides``: its only one but that many others the caller knows of, such as an array's
+    on its base): no name, view or buffer of it lives anywhere else (a view holds a reference to
+    its array). Counted against an object of known references, taken the same way: Python
+    versions count a call's arguments differently, and this holds on each."""
+    alone = _ALONE + besides
+    return [count == alone for count in _references(items)]
 
 
 class Backend:

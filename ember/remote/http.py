@@ -13,7 +13,7 @@ import socket
 from http import HTTPStatus
 
 from websockets.exceptions import SecurityError
-from websockets.http11 import Request
+from websockets.http11 import MAX_LINE_LENGTH, Request
 from websockets.streams import StreamReader
 
 from ..errors import ConnectionLost
@@ -50,14 +50,25 @@ class HttpRequest:
         return self.refusal is None and (self.header("Upgrade") or "").lower() == "websocket"
 
 
+def _request_line_too_long(error: SecurityError, data: bytearray) -> bool:
+    """Whether websockets refused the request line (414) rather than a header (431): websockets 17
+    says so by the error's type; 16 (the last for Python 3.10) says "line too long" for either,
+    and then it is the request line when that line has not ended within the limit."""
+    if type(error).__name__ in ("RequestLineTooLong", "HeaderLineTooLong"):
+        return type(error).__name__ == "RequestLineTooLong"
+    end = data.find(b"\n")
+    return str(error) == "line too long" and not 0 <= end < MAX_LINE_LENGTH
+
+
 def read_request(sock: socket.socket, received: bytes, deadline: float) -> HttpRequest:
     """Read a request's head from ``sock`` (``received``: its first bytes, already read) before
     ``deadline`` (a ``time.monotonic()`` value; TimedOut past it, ConnectionLost if the client
-    leaves), parsing as it arrives so that a head past a limit is refused at once."""
+    leaves), parsing as it arrives so that a head past a limit is refused at once. A HEAD request
+    is parsed as the GET it mirrors: websockets before 17 (the last for Python 3.10) parses GET only."""
     data = bytearray(received)
     reader = StreamReader()
-    reader.feed_data(received)
     parser = Request.parse(reader.read_line)
+    fed = 0  # bytes of data the parser has been given, once the method is known (five bytes)
 
     def refused(status: int, text: str, **headers) -> HttpRequest:
         method, _, rest = bytes(data).split(b"\r\n", 1)[0].partition(b" ")
@@ -65,16 +76,24 @@ def read_request(sock: socket.socket, received: bytes, deadline: float) -> HttpR
                            Response(status, text + "\n", **headers))
 
     while True:
+        if not fed and len(data) >= 5:
+            head = data.startswith(b"HEAD ")
+            reader.feed_data(b"GET " + data[5:] if head else bytes(data))
+        elif fed and fed < len(data):
+            reader.feed_data(bytes(data[fed:]))
+        fed = len(data) if len(data) >= 5 else 0
         try:
-            next(parser)  # parses what has arrived; returns when it needs more
+            if fed:
+                next(parser)  # parses what has arrived; returns when it needs more
         except StopIteration as done:
             request = done.value
             if sum(1 for _ in request.headers.raw_items()) > MAX_HEADERS:
                 return refused(431, f"a request has at most {MAX_HEADERS} headers")
-            return HttpRequest(getattr(request, "method", "GET"), request.path, request.headers, bytes(data))
+            method = "HEAD" if head else getattr(request, "method", "GET")  # websockets before 17: GET only
+            return HttpRequest(method, request.path, request.headers, bytes(data))
         except SecurityError as error:  # a line too long, too many headers (websockets' own limits)
-            return refused(414 if type(error).__name__ == "RequestLineTooLong" else 431, str(error))
-        except Exception as error:  # a malformed line, a body, a method an older parser refuses …
+            return refused(414 if _request_line_too_long(error, data) else 431, str(error))
+        except Exception as error:  # a malformed line, a body, another method …
             method = bytes(data).split(b" ", 1)[0]
             if method.isalpha() and method not in (b"GET", b"HEAD"):
                 return refused(405, "only GET and HEAD are served here", Allow="GET, HEAD")
@@ -86,7 +105,6 @@ def read_request(sock: socket.socket, received: bytes, deadline: float) -> HttpR
         if not chunk:
             raise ConnectionLost("the client closed the connection within its request")
         data += chunk
-        reader.feed_data(chunk)
 
 
 def respond(sock: socket.socket, response: Response, deadline: float, head_only: bool = False) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import threading
 import time
 import traceback
@@ -23,6 +22,7 @@ from collections import Counter, deque
 import numpy as np
 
 from .. import dtypes as dt
+from ..backends.base import held_alone
 from ..devices import LocalDevice
 from ..devices import device as as_device
 from ..engines.local import LocalEngine
@@ -144,21 +144,29 @@ class BufferPool:
             self.budget.give(nbytes)  # its bytes now count where the caller counts them
         return buffer.view(dtype).reshape(shape)
 
-    def release(self, array) -> None:
-        """Offer ``array`` (just removed from a session) for reuse."""
-        if type(array) is not np.ndarray:
-            return
-        root = array.base
+    def release(self, arrays: list) -> None:
+        """Offer the buffers behind ``arrays`` (values just removed from a session, in a list that
+        holds the caller's only references to them) for reuse. A buffer is kept only when nothing
+        else refers to it or to its array: no other tensor, name or view (:func:`held_alone`)."""
+        if not [a for a in arrays if type(a) is np.ndarray and type(a.base) is np.ndarray]:
+            return  # most drops: small tensors, views of no buffer at all
+        roots = [self._buffer(array) for array in arrays]
+        # each root is referenced by the list and by its array's base, and by nothing else when free
+        for root, array_alone, root_alone in zip(roots, held_alone(arrays), held_alone(roots, besides=1)):
+            if root is None or not (array_alone and root_alone) or self.total + root.nbytes > self.capacity:
+                continue
+            if self.budget is not None and not self.budget.take(root.nbytes, evict=False):
+                continue
+            with self.lock:
+                self.free.setdefault(root.nbytes, []).append(root)
+                self.total += root.nbytes
+
+    def _buffer(self, array) -> np.ndarray | None:
+        """The byte buffer ``array`` is a view of, where it is of the kind :meth:`allocate` makes."""
+        root = array.base if type(array) is np.ndarray else None
         if type(root) is not np.ndarray or root.dtype != np.uint8 or root.ndim != 1 or root.nbytes < self.minimum:
-            return
-        # held only by the caller, this call and getrefcount: no view or other tensor shares it
-        if sys.getrefcount(array) > 3 or sys.getrefcount(root) > 3 or self.total + root.nbytes > self.capacity:
-            return
-        if self.budget is not None and not self.budget.take(root.nbytes, evict=False):
-            return
-        with self.lock:
-            self.free.setdefault(root.nbytes, []).append(root)
-            self.total += root.nbytes
+            return None
+        return root
 
     def shrink(self, nbytes: int) -> int:
         """Let idle buffers go until ``nbytes`` are freed or none is left; returns the bytes freed."""
@@ -567,7 +575,9 @@ class Session:
         self._store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]), counted)
         if handle is not host:  # the backend copied it (to a GPU): the buffer can serve the next upload
             frame_segments[index] = None
-            self.pool.release(host)
+            offered = [host]
+            del host  # the list holds the only reference
+            self.pool.release(offered)
 
     def _reason(self, index: int) -> str:
         """Why segment ``index`` of the frame being handled was declined."""
@@ -632,18 +642,18 @@ class Session:
 
     def _drop(self, body, frame_segments, replies, segments) -> None:
         (ids,) = body
-        release, tensors, metas, sizes = self.pool.release, self.tensors, self.metas, self.sizes
+        tensors, metas, sizes = self.tensors, self.metas, self.sizes
+        dropped: list = []  # the only references to the values dropped, for the pool to judge
         freed = 0
         try:
             for tid in ids:
                 if self.incoming:
                     self.incoming.pop(tid, None)  # its fetch finishes unheard
-                value = tensors.pop(tid, None)
+                dropped.append(tensors.pop(tid, None))
                 metas.pop(tid, None)
                 freed += sizes.pop(tid, 0)
-                release(value)
-                del value
         finally:  # a malformed id ends the frame; what was dropped before it is given back
+            self.pool.release(dropped)
             if freed:
                 self._give(freed)
 
