@@ -213,10 +213,8 @@ class TcpConnection(SocketShell):
     stream already read from the socket (a server telling TCP from WebSocket over TLS). While
     ``deadline`` is set (a ``time.monotonic()`` value: a server's handshake), no read waits past it.
 
-    ``timeout`` bounds each send and each wait for bytes. Plain TCP on 64-bit Linux keeps the socket
-    blocking and has the kernel enforce it (``SO_SNDTIMEO``, ``SO_RCVTIMEO``: a small frame's
-    receive is one ``recv``, where Python's timeouts poll before each call); frames of 1 MiB or
-    more, and tensors of 64 KiB or more, move with Python's timeouts, which moved more a second."""
+    ``timeout`` bounds each send and each wait for bytes, as :class:`SocketShell` says; frames of
+    1 MiB or more, and tensors of 64 KiB or more, move with Python's timeouts, which moved more a second."""
 
     transport = "tcp"
 
