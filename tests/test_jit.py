@@ -285,14 +285,17 @@ def test_two_threads_calling_one_plan_never_write_into_one_buffer():
     np.testing.assert_array_equal(results[1], expected[1])
 
 
+def _adding(slot: int, value: float) -> tuple:
+    """A plan's step adding ``value`` to slot ``slot`` in place."""
+    def fetch(values):
+        return values[slot], value, values[slot]
+    return np.add, fetch, None, (), (None, fetch)
+
+
 def test_in_place_steps_over_two_shapes_in_turn_split_apart(split_small):
     """Consecutive in-place steps over arrays of two shapes (steps a plan could order so) make one split each:
     a block of one shape's arrays is never taken of the other's."""
-    def step(slot, value):
-        def fetch(values):
-            return values[slot], value, values[slot]
-        return np.add, fetch, None, (), (None, fetch)
-    steps = [step(0, 1.0), step(1, 10.0), step(0, 2.0), step(1, 20.0)]
+    steps = [_adding(0, 1.0), _adding(1, 10.0), _adding(0, 2.0), _adding(1, 20.0)]
     spans = {0: ((6,), {0}), 1: ((4,), {1}), 2: ((6,), {0}), 3: ((4,), {1})}
     program = local._program(steps, spans, 2)
     assert [type(item) for item in program] == [local.Split] * 4 and [item.size for item in program] == [6, 4, 6, 4]
@@ -447,6 +450,199 @@ def test_a_plan_shares_its_literals_and_getters_and_names_a_failing_step_inside_
                                                    r"\(inputs: \(3,\) float64, \(3,\) float64\)"):
         jitted(x, em.asarray([2.0, 0.0, 8.0]))
     np.testing.assert_array_equal(em.asnumpy(jitted(x, y)), em.asnumpy(expected))  # the plan still runs
+
+
+
+def plan_of(jitted):
+    """The local plan of a function jitted once."""
+    (graph, _), = jitted.graphs.values()
+    return em.device("numpy").engine._plans[graph]
+
+
+def test_no_step_writes_over_a_buffer_a_view_shares():
+    """A step writes its result over an input only where no view can share the input's buffer: not over an
+    array a view-making row read (``reshape`` returns a view of it), nor over such a row's result (itself
+    a view of its input). Both would change a view the caller gets back."""
+    def over_the_base(x):
+        doubled = x * 2.0
+        return em.reshape(doubled, (2, 3)), doubled + 1.0  # the add is doubled's last reader
+
+    def over_the_view(x):
+        doubled = x * 2.0
+        return doubled, em.reshape(doubled, (6,)) + 1.0  # the add is the view's last reader
+    host = np.arange(6.0)
+    for function, x in ((over_the_base, em.asarray(host)), (over_the_view, em.asarray(host.reshape(2, 3)))):
+        jitted = em.jit(function)
+        for _ in range(2):
+            for got, want in zip(jitted(x), function(x)):
+                np.testing.assert_array_equal(em.asnumpy(got), em.asnumpy(want), err_msg=function.__name__)
+
+
+def test_a_jitted_chain_of_ops_making_fresh_arrays_peaks_no_higher_than_eager_execution():
+    """Rows that write nothing in place (matmul) let their inputs go after their last use too: twenty
+    products of a 1 MB array hold what eager execution holds at once, not twenty arrays."""
+    rng = np.random.default_rng(0)
+    x, w = em.asarray(rng.standard_normal((2048, 64))), em.asarray(rng.standard_normal((64, 64)) / 8)
+
+    def products(x, w):
+        for _ in range(20):
+            x = em.matmul(x, w)
+        return x
+    jitted = em.jit(products)
+    jitted(x, w)
+    eager_peak, eager = peak_bytes(lambda: products(x, w))
+    jit_peak, result = peak_bytes(lambda: jitted(x, w))
+    assert jit_peak <= eager_peak + (64 << 10), f"jit held {jit_peak} bytes at its peak; eager {eager_peak}"
+    assert eager_peak < 4 * (1 << 20)
+    np.testing.assert_allclose(em.asnumpy(result), em.asnumpy(eager), rtol=1e-12)
+
+
+def test_short_in_place_runs_over_two_shapes_in_a_row_run_as_one_loop():
+    """With threads to split over, in-place steps over arrays of two shapes in turn are runs of their own shapes;
+    too short to split, they are one loop again, in their order."""
+    steps = [_adding(0, 1.0), _adding(1, 10.0), _adding(0, 2.0)]
+    spans = {0: ((6,), {0}), 1: ((4,), {1}), 2: ((6,), {0})}
+    (loop,) = local._program(steps, spans, 2)
+    assert [fetch for _, fetch in loop] == [step[1] for step in steps]
+    values = [np.zeros(6), np.zeros(4)]
+    for kernel, fetch in loop:
+        kernel(*fetch(values))
+    np.testing.assert_array_equal(values[0], np.full(6, 3.0))
+    np.testing.assert_array_equal(values[1], np.full(4, 10.0))
+
+
+def test_a_run_splits_from_exactly_split_min_elements_and_split_work_element_ops(monkeypatch):
+    """The thresholds are inclusive: a run over ``SPLIT_MIN`` elements doing ``SPLIT_WORK`` element-ops splits;
+    an element fewer, or a step fewer, does not."""
+    monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 2)
+    monkeypatch.setattr(local, "SPLIT_MIN", 8)
+    monkeypatch.setattr(local, "SPLIT_WORK", 16)
+
+    def function(x):
+        return (x * 2.0 + 1.0) - 3.0  # one fresh step, then two in place
+    for n, steps, splits_expected in ((8, function, True), (7, function, False),
+                                      (8, lambda x: x * 2.0 + 1.0, False)):
+        jitted = em.jit(steps)
+        x = em.asarray(np.arange(float(n)))
+        np.testing.assert_array_equal(em.asnumpy(jitted(x)), em.asnumpy(steps(x)))
+        assert bool(splits(jitted)) is splits_expected, (n, splits_expected)
+
+
+def test_what_plans_keep_counts_each_result_once_up_to_its_bound_inclusive(monkeypatch):
+    """Keeping a key again replaces what it kept, counted once; results adding up to exactly ``REFILL_BYTES``
+    are all kept, and past it the oldest go first. A result of exactly ``REFILL_MIN`` bytes, and a plan whose
+    results fill ``REFILL_BYTES`` exactly, are written over the next call."""
+    kept = local.KeptOutputs()
+    monkeypatch.setattr(local, "REFILL_BYTES", 100)
+    kept.keep("a", ("first",), 30)
+    kept.keep("a", ("again",), 40)
+    kept.keep("b", ("b",), 60)
+    assert kept.nbytes == 100 and "a" in kept and "b" in kept
+    kept.keep("c", ("c",), 1)
+    assert kept.nbytes == 61 and "a" not in kept and kept.take("b") == ("b",) and kept.nbytes == 1
+
+    monkeypatch.setattr(local, "KEPT", local.KeptOutputs())
+    monkeypatch.setattr(local, "REFILL_BYTES", 4_000_000)
+    x = em.asarray(np.random.default_rng(0).random(1_000_000, dtype=np.float32))
+    whole = em.jit(lambda x: em.exp(x * 0.5) + x)
+    for _ in range(3):
+        result = whole(x)
+        address = _address(result)
+        del result
+    assert plan_of(whole)._refills is not None and plan_of(whole)._key in local.KEPT
+    assert local.KEPT.nbytes == 4_000_000 and _address(whole(x)) == address
+    least = em.jit(lambda x: em.exp(x * 0.5) + x)
+    least(em.asarray(np.ones(local.REFILL_MIN // 4, dtype=np.float32)))
+    assert plan_of(least)._refills is not None
+
+
+def test_a_plan_keeps_only_results_it_made_afresh_to_write_over(monkeypatch):
+    """Of its last call a plan keeps the results its steps made afresh, to write the next call's into — not an
+    intermediate it made afresh and let go (nothing to write into: the call would make fresh buffers)."""
+    monkeypatch.setattr(local, "REFILL_MIN", 0)
+    monkeypatch.setattr(local, "KEPT", local.KeptOutputs())
+
+    def function(x, y):
+        return x * 2.0 + y * 3.0  # x * 2.0 made afresh and written over with the sum; y * 3.0 made afresh, let go
+    jitted = em.jit(function)
+    x, y = em.asarray(np.arange(4.0)), em.asarray(np.arange(4.0, 8.0))
+    for _ in range(3):
+        np.testing.assert_array_equal(em.asnumpy(jitted(x, y)), em.asnumpy(function(x, y)))
+    plan = plan_of(jitted)
+    (spare,) = local.KEPT.take(plan._key)
+    assert len(plan._refills[0]) == 1 and type(spare) is np.ndarray and spare.shape == (4,)
+
+
+def test_the_steps_after_a_split_run_run_too(split_small):
+    """A split run is one item of its plan: the steps after it (a reduction, a product) run after it."""
+    def function(x):
+        y = (x * 2.0 + 1.0) * 3.0
+        return em.sum(y), em.matmul(y, y)
+    jitted = em.jit(function)
+    x = em.asarray(np.arange(8.0))
+    for _ in range(2):
+        for got, want in zip(jitted(x), function(x)):
+            np.testing.assert_array_equal(em.asnumpy(got), em.asnumpy(want))
+    assert splits(jitted)
+
+
+def test_a_failing_step_is_named_with_its_own_inputs_whatever_the_plan_ran(monkeypatch, split_small):
+    """The step named is the one that failed, not another running the same kernel; so in a plan writing over
+    its last result (held by the caller, or let go), and in a split run over arrays not in C order."""
+    monkeypatch.setattr(local, "REFILL_MIN", 0)
+    x, u, good, zero = (em.asarray(a) for a in (np.arange(3.0), np.ones((2, 2)), np.ones((2, 2)), np.zeros((2, 2))))
+    jitted = em.jit(lambda x, u, v: (x / 2.0, u / v))
+    message = r"^divide: divide by zero .*\(inputs: \(2, 2\) float64, \(2, 2\) float64\)$"
+    with np.errstate(divide="raise"):
+        held = jitted(x, u, good)  # held: the next call makes its own buffers
+        with pytest.raises(em.ExecutionError, match=message):
+            jitted(x, u, zero)
+        del held
+        jitted(x, u, good)  # let go: the next call writes over it
+        with pytest.raises(em.ExecutionError, match=message):
+            jitted(x, u, zero)
+        fortran = em.asarray(np.asfortranarray(np.arange(1.0, 7.0).reshape(2, 3)))
+        strided = em.jit(lambda x, y: (x * 2.0) / y + 1.0)
+        with pytest.raises(em.ExecutionError, match=r"^divide: divide by zero .*\(inputs: \(2, 3\) float64, \(2, 3\) float64\)$"):
+            strided(fortran, em.zeros((2, 3)))
+    assert splits(strided)
+
+
+def test_a_jitted_function_may_make_arrays_of_its_own():
+    """Arrays the function makes from values on its argument's device (constants of its graph) are uploaded
+    once for the device and read by every call."""
+    def function(x):
+        return x * em.asarray([1.0, 2.0, 3.0], device=x.device) + 1.0
+    jitted = em.jit(function)
+    x = em.asarray([1.0, 1.0, 2.0])
+    for _ in range(2):
+        np.testing.assert_array_equal(em.asnumpy(jitted(x)), em.asnumpy(function(x)))
+
+
+def test_the_split_pool_grows_with_the_threads_asked(monkeypatch, split_small):
+    """The worker pool is made for the threads a split run asks, and made again, larger, when a run asks more."""
+    backend = em.device("numpy").engine.backend
+    x = em.asarray(np.arange(16.0))
+    for threads in (2, 3):
+        monkeypatch.setattr(backend, "threads", threads)
+        jitted = em.jit(lambda x: (x * 2.0 + 1.0) * 3.0)
+        np.testing.assert_array_equal(em.asnumpy(jitted(x)), (np.arange(16.0) * 2.0 + 1.0) * 3.0)
+        assert local._POOL[0]._max_workers >= threads - 1
+
+
+def test_the_numpy_device_counts_the_ops_it_runs_eager_or_jitted():
+    """``em.stats`` counts each op the device ran: an op of a known result, one sized as it runs, and each step
+    of a jitted plan at every call."""
+    x = em.asarray(np.array([3.0, 1.0, 3.0]))
+    jitted = em.jit(lambda x: (x * 2.0 + 1.0) - 3.0)
+    jitted(x)
+    start = em.stats("numpy")["ops"]
+    em.asnumpy(x * 2.0 + 1.0)
+    assert em.stats("numpy")["ops"] == start + 2
+    em.asnumpy(em.unique_values(x))
+    assert em.stats("numpy")["ops"] == start + 3
+    jitted(x), jitted(x)
+    assert em.stats("numpy") == {"ops": start + 3 + 2 * 3, "round_trips": 0, "bytes_up": 0, "bytes_down": 0}
 
 
 ELEMENTWISE = sorted(name for name, op in OPS.items() if op.elementwise)

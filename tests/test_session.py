@@ -561,6 +561,79 @@ def _chain(x):
     return [x * 1.5, np.sin(x * 1.5), y, y.sum()]
 
 
+def test_a_peers_compiled_run_keeps_none_of_its_outputs_to_write_over(monkeypatch):
+    """A session counts the memory it holds, so a peer's plans never keep their last results to write the next
+    over (em.jit's local plans do, from ``REFILL_MIN`` bytes): nothing kept, whatever the results' size."""
+    from ember.engines import local
+    monkeypatch.setattr(local, "REFILL_MIN", 0)
+    monkeypatch.setattr(local, "KEPT", local.KeptOutputs())
+    session = _open(_host())
+    _batch(session, ("put", 1, 0), segments=[np.arange(4.0)])
+    for base in (10, 20, 30):
+        _batch(session, _run(base, (1,), *CHAIN))
+    assert session.runs_replayed == 1 and session.runs[_blob(CHAIN)].plan._refills is None
+    assert local.KEPT.nbytes == 0
+
+
+def test_a_jax_peer_replays_runs_through_its_own_plan_not_xla():
+    """A run is short and seen with few shapes: a peer on jax replays it through the local engine's plan, never
+    handing it to XLA to compile (em.jit's graphs are; registered graphs on peers too)."""
+    pytest.importorskip("jax")
+    from ember.engines import local
+    session = _open(Host(hosted_devices("jax:cpu"), TOKEN, Limits(max_tensor_bytes=1 << 16)))
+    x = np.arange(4.0)
+    _batch(session, ("put", 1, 0), segments=[x])
+    for base in (10, 20, 30):
+        _batch(session, _run(base, (1,), *CHAIN))
+        (_, (out,)), = _batch(session, ("get", 1, base + 3))
+        np.testing.assert_allclose(out, _chain(x)[3], rtol=1e-12)
+    assert session.runs_replayed == 1 and type(session.runs[_blob(CHAIN)].plan) is local.Plan
+
+
+def test_a_replay_reads_later_tensors_it_did_not_make_and_steps_aside_for_any_output_in_use():
+    """The edges of a compiled run: a record may read a tensor at or past the run's base that the run did not make
+    (another thread's, logged between), by its base at every sighting; an output of exactly the tensor limit is
+    compiled; base 0 replays; a replay whose output past the first is in use runs op by op, giving that tensor's
+    bytes back; an empty run is accepted at every sighting; and a peer's chain of outputs let go runs in place."""
+    from ember.engines import local
+    host = _host(Limits(max_tensor_bytes=32))  # each output below holds exactly 32 bytes
+    session = _open(host)
+    x, later = np.arange(4.0), np.arange(4.0) + 10
+    records = [("multiply", (-1, (1.5, "float64")), (0,), {}), ("add", (0, 3), (1,), {}), ("sin", (1,), (2,), {})]
+
+    def expected(x, later):
+        return [x * 1.5, x * 1.5 + later, np.sin(x * 1.5 + later)]
+    _batch(session, ("put", 9, 0), segments=[x])
+    for sighting, base in enumerate((10, 20, 0)):
+        _batch(session, ("put", base + 3, 0), segments=[later + sighting])  # what the records read as 3
+        _batch(session, _run(base, (9,), *records))
+        assert session.runs_replayed == max(0, sighting - 1)
+        for k, want in enumerate(expected(x, later + sighting)):
+            (_, (out,)), = _batch(session, ("get", 1, base + k))
+            np.testing.assert_array_equal(out, want)
+    assert type(session.runs[_blob(records)]).__name__ == "RunPlan"
+    _batch(session, ("put", 42, 0), segments=[x + 100])  # the run at 40 would make 40, 41 and 42: 42 is in use
+    _batch(session, ("put", 43, 0), segments=[later])
+    _batch(session, _run(40, (9,), *records))
+    assert session.runs_replayed == 1 and session.used == session.live_bytes()  # op by op
+    (_, (out,)), = _batch(session, ("get", 1, 42))
+    np.testing.assert_array_equal(out, expected(x, later)[2])
+    for _ in range(3):
+        assert _replies(_batch(session, _run(50, (9,)), ("sync", 1))) == [("ok", 1)]
+
+    chained = [("multiply", (-1, (2.0, "float64")), (0,), {}), ("add", (0, (1.0, "float64")), (1,), {}),
+               ("sin", (1,), (2,), {})]
+    for base in (60, 70, 80):
+        _batch(session, _run(base, (9,), *chained, let_go=(0, 1)))
+    (_, (out,)), = _batch(session, ("get", 1, 82))
+    np.testing.assert_array_equal(out, np.sin(x * 2.0 + 1.0))
+    plan = session.runs[_blob(chained, (0, 1))].plan
+    assert any(type(item) is list for item in plan._program) and isinstance(plan, local.Plan)  # in place
+    assert session.runs_replayed == 3 and host.budget.used == session.used + session.credit + host.pool.total
+    with pytest.raises(ProtocolError, match=r"^an ops message is \(base, inputs, blob\): the blob must be msgpack bytes$"):
+        _batch(session, ("ops", 90, (9,), "not bytes"))
+
+
 def test_a_run_seen_twice_is_compiled_then_replayed_with_the_op_paths_results():
     session = _open(_host())
     x = np.arange(4.0)
