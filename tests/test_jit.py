@@ -142,6 +142,12 @@ def refill_small(monkeypatch):
     monkeypatch.setattr(local, "REFILL_MIN", 0)
 
 
+def plan_of(jitted):
+    """The local plan of a function jitted once."""
+    (graph, _), = jitted.graphs.values()
+    return em.device("numpy").engine._plans[graph]
+
+
 def splits(jitted) -> list:
     """The runs of the plans of ``jitted`` that split across threads."""
     engine = em.device("numpy").engine
@@ -232,9 +238,6 @@ def test_a_call_writes_its_result_over_the_last_calls_result_where_nothing_else_
     (refilled,) = [item for item in x.device.engine._plans[graph]._refills[1] if type(item) is not list or item]
     assert type(refilled) is (local.Split if x.device.engine.backend.threads > 1 else list)  # all four steps in place
 
-    def plan_of(jitted):
-        (graph, _), = jitted.graphs.values()
-        return x.device.engine._plans[graph]
     monkeypatch.setattr(local, "REFILL_BYTES", 6_000_000)  # room for one 4 MB result of all plans, not two
     another = em.jit(lambda x: em.exp(x * 0.25) * 3.0 - x)
     jitted(x), another(x)  # the second result pushes the first out
@@ -450,13 +453,6 @@ def test_a_plan_shares_its_literals_and_getters_and_names_a_failing_step_inside_
                                                    r"\(inputs: \(3,\) float64, \(3,\) float64\)"):
         jitted(x, em.asarray([2.0, 0.0, 8.0]))
     np.testing.assert_array_equal(em.asnumpy(jitted(x, y)), em.asnumpy(expected))  # the plan still runs
-
-
-
-def plan_of(jitted):
-    """The local plan of a function jitted once."""
-    (graph, _), = jitted.graphs.values()
-    return em.device("numpy").engine._plans[graph]
 
 
 def test_no_step_writes_over_a_buffer_a_view_shares():
