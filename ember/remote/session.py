@@ -148,13 +148,14 @@ class BufferPool:
         """Offer the buffers behind ``arrays`` (values just removed from a session, in a list that
         holds the caller's only references to them) for reuse. A buffer is kept only when nothing
         else refers to it or to its array: no other tensor, name or view (:func:`held_alone`)."""
-        roots = [self._buffer(array) for array in arrays]
-        if all(root is None for root in roots):  # most drops: small tensors, in no buffer of ours
+        picked = [i for i, array in enumerate(arrays) if self._buffer(array) is not None]
+        if not picked:  # most drops: small tensors, in no buffer of ours
             return
+        roots = [arrays[i].base for i in picked]
+        alone = held_alone(arrays)
         # each root is referenced by the list and by its array's base, and by nothing else when free
-        alone, roots_alone = held_alone(arrays), held_alone(roots, besides=1)
-        for i, root in enumerate(roots):
-            if root is None or not (alone[i] and roots_alone[i]) or self.total + root.nbytes > self.capacity:
+        for i, root, root_alone in zip(picked, roots, held_alone(roots, besides=1)):
+            if not (alone[i] and root_alone) or self.total + root.nbytes > self.capacity:
                 continue
             if self.budget is not None and not self.budget.take(root.nbytes, evict=False):
                 continue
