@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -257,9 +258,13 @@ def test_jit_on_a_peer_registers_once_and_survives_a_restart():
         em.asnumpy(step(x))
     with Peer("--listen", f"127.0.0.1:{port}") as restarted:
         assert em.device(restarted.url()) is device
-        x = em.asarray(host, device=device)                     # a new session on the same device
+        lost, x = x, em.asarray(host, device=device)            # a new session on the same device
         np.testing.assert_array_equal(em.asnumpy(step(x)), expected)
         assert em.stats(device)["graphs_registered"] == 1       # registered again, transparently
+        with pytest.raises(em.ConnectionLost, match=r"^replay: an input lives in a lost session with "
+                                                    rf"{re.escape(str(device))}; its data is gone \(lost the connection"):
+            step(lost)
+        np.testing.assert_array_equal(em.asnumpy(step(x)), expected)  # the new session goes on
 
 
 def test_serving_a_capture_device_is_refused():

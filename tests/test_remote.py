@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -74,6 +76,35 @@ def test_a_chain_and_one_read_cost_one_round_trip(remote):
     assert after["ops"] - before["ops"] == 1000
     assert after["bytes_up"] > before["bytes_up"] and after["bytes_down"] - before["bytes_down"] >= 4000
     np.testing.assert_allclose(result, chain(np, host, 1000), rtol=1e-6)
+
+
+def test_a_batch_goes_once_it_holds_batch_ops_ops_or_is_batch_seconds_old(remote, monkeypatch):
+    """Ops wait in the batch until BATCH_OPS of them are there, or until one added at a count of
+    eight finds the batch older than BATCH_SECONDS (the clock is read every eighth op): not before."""
+    x = em.asarray(np.zeros(3), device=remote)
+    em.sync(remote)
+
+    def batches_after(ops: int, pause: float = 0.0) -> int:
+        sent, y = em.stats(remote)["batches"], x
+        for k in range(ops):
+            if k == ops - 1:
+                time.sleep(pause)
+            y = y + 1.0
+        return em.stats(remote)["batches"] - sent
+
+    monkeypatch.setattr(remote_engine, "BATCH_SECONDS", 60.0)
+    assert batches_after(remote_engine.BATCH_OPS - 1) == 0
+    em.sync(remote)
+    assert batches_after(remote_engine.BATCH_OPS) == 1
+    em.sync(remote)
+    monkeypatch.setattr(remote_engine, "BATCH_SECONDS", 0.5)
+    assert batches_after(8) == 0  # young
+    em.sync(remote)
+    assert batches_after(7, pause=0.6) == 0  # old, but the clock is read at the eighth op
+    em.sync(remote)
+    assert batches_after(8, pause=0.6) == 1  # the eighth op finds the batch old
+    em.sync(remote)
+    np.testing.assert_array_equal(em.asnumpy(x + 1.0), [1.0, 1.0, 1.0])
 
 
 def test_a_loop_sends_the_same_runs_of_ops_and_the_peer_replays_them_compiled(remote, monkeypatch):
@@ -188,6 +219,28 @@ def test_a_chain_of_large_arrays_holds_on_the_peer_what_it_holds_locally():
         x = em.asarray(host, device=remote)
         out = chain(em, x, 100)
         np.testing.assert_array_equal(em.asnumpy(out), em.asnumpy(chain(em, em.asarray(host), 100)))
+        stats = remote.engine.peer_stats()
+        assert (stats["session_tensors"], stats["session_bytes"]) == (2, 2 * host.nbytes)
+
+
+def test_jitted_calls_nothing_reads_let_their_dropped_outputs_go_within_the_batch(monkeypatch):
+    """A loop of jitted calls on 1,000,000 float32 (an output of 4 MB each, the last one dropped at
+    each call) in one batch fits a session quota of 24 MiB: once the batch's runs have made
+    DROP_BYTES, the drops go ahead of the next run, where holding them to the batch's end would
+    take 160 MB."""
+    monkeypatch.setattr(remote_engine, "BATCH_SECONDS", 60.0)  # the forty calls wait for the read
+    with Peer("--max-session-bytes", str(24 << 20)) as running:
+        remote = em.device(running.url())
+        host = np.random.default_rng(0).random(1_000_000, dtype=np.float32)
+        x = em.asarray(host, device=remote)
+        step = em.jit(lambda a: a * 2.0 + 1.0)
+        em.sync(remote)
+        batches = em.stats(remote)["batches"]
+        for _ in range(40):
+            y = step(x)
+        np.testing.assert_array_equal(em.asnumpy(y), host * np.float32(2) + np.float32(1))
+        # one message registers the graph, then each call a run and the drop of the output before it, and the read
+        assert em.stats(remote)["batches"] - batches == math.ceil((1 + 40 + 39 + 1) / remote_engine.BATCH_OPS)
         stats = remote.engine.peer_stats()
         assert (stats["session_tensors"], stats["session_bytes"]) == (2, 2 * host.nbytes)
 
@@ -433,6 +486,20 @@ def test_autodiff_wrappers_are_stripped_before_hosting():
         assert float(em.sum(em.ones(3, device=em.device(f"ember://{server.address}/0")))) == 3.0
     finally:
         server.stop()
+
+
+def test_arrays_of_two_sessions_with_one_peer_mix_only_once_moved(peer):
+    """Two device strings for one peer that differ only in their token are equal devices with a
+    session each: an op mixing their arrays is refused, naming the other session and the move that
+    mends it, and both sessions go on."""
+    mine, theirs = em.device(peer.url()), em.device(peer.url(token="another-token-0123456789"))
+    x, y = em.asarray(np.ones(3), device=mine), em.asarray(np.full(3, 2.0), device=theirs)
+    assert mine == theirs and mine.engine is not theirs.engine
+    with pytest.raises(em.DeviceError, match=re.escape(f"add: an input lives in another session ({theirs}); "
+                                                       f"move it with x.to_device({str(mine)!r})")):
+        x + y
+    np.testing.assert_array_equal(em.asnumpy(x + y.to_device(mine)), [3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(em.asnumpy(y * 2.0), [4.0, 4.0, 4.0])
 
 
 def test_index_refusal(peer):

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -109,6 +110,32 @@ def test_metrics_and_status_count_a_real_session(guarded):
     assert samples[("ember_memory_budget_bytes", ())] > 0 and samples[("ember_uptime_seconds", ())] > 0
     assert TOKEN.encode() not in body
     remote.engine.close()
+
+
+def test_closing_a_session_sends_what_is_pending_and_ends_it_without_an_error():
+    """``engine.close()`` sends the batch it holds, then a close frame: the peer counts the ops and
+    ends the session as asked (no error, nothing left live); the closed session's arrays are lost
+    with a message that says so, and the device opens a new session at its next use."""
+    with Peer() as fresh:
+        remote = em.device(fresh.url())
+        x = em.asarray(np.arange(4.0), device=remote)
+        assert float(em.sum(x)) == 6.0
+        engine = remote.engine
+        sent = engine.counters["ops"]
+        y = x * 2.0 + 1.0  # logged, not yet sent
+        engine.close()
+        assert engine.counters["ops"] == sent + 2
+        deadline = time.monotonic() + 10
+        while (state := json.loads(get(fresh, "/status.json")[2]))["totals"]["sessions"] and time.monotonic() < deadline:
+            time.sleep(0.01)  # the peer's thread ends the session as the frame arrives, beside this request
+        assert state["totals"]["sessions"] == 0 and state["totals"]["live_tensors"] == 0
+        assert state["totals"]["ops"] == sent + 2  # the held batch reached the peer before the close
+        assert state["totals"]["errors"] == {} and state["recent_errors"] == []  # a close, not a broken frame
+        assert fresh.tracebacks == 0 and not any("closing the connection" in line for line in fresh.log)
+        with pytest.raises(em.ConnectionLost, match=r"lives in a lost session .*\(the session with .* was closed\)"):
+            em.asnumpy(y)
+        assert float(em.sum(em.ones(3, device=remote))) == 3.0 and remote.engine is not engine  # a new session
+        remote.engine.close()
 
 
 def test_the_data_asks_for_a_token_compared_as_the_handshake_does(guarded):

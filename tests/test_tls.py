@@ -120,6 +120,21 @@ def test_large_tensors_travel_both_ways_over_tls(tls_peer, pki, scheme):
     assert em.stats(d)["bytes_down"] >= host.nbytes
 
 
+def test_a_frame_of_small_and_large_tensors_arrives_whole_over_tls(tls_peer, pki, scheme):
+    """A TLS socket has no scatter-gather send: a frame's runs of small buffers are joined into one
+    write, large ones written as they are. Small uploads, copied into the batch with larger ones,
+    go in one frame that starts, goes on and ends with small buffers, and come back bit for bit."""
+    d = em.device(tls_peer.url(scheme), tls_ca=pki.ca)
+    rng = np.random.default_rng(3)
+    # float64: 96 B and 8 B (joined with the header), 240 KB, 24 B, 64 KiB (tcp._JOIN: written alone), 40 B and 16 B
+    hosts = [rng.random(n) for n in (12, 1, 30_000, 3, 8192, 5, 2)]
+    arrays = [em.asarray(h, device=d) for h in hosts]  # held in the batch until a read sends it
+    batches = em.stats(d)["batches"]
+    for host, array in zip(hosts, arrays):
+        np.testing.assert_array_equal(em.asnumpy(array), host)
+    assert em.stats(d)["batches"] == batches + len(hosts)  # the uploads went with the first read
+
+
 def test_an_in_process_server_serves_tls(pki, scheme):
     with em.Server("numpy", "127.0.0.1:0", tls_cert=pki.local.cert, tls_key=pki.local.key) as server:
         d = em.device(f"{scheme}://{server.address}/0", tls_ca=pki.ca)

@@ -552,6 +552,31 @@ def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(shell_pai
         connection.receive()
 
 
+def test_a_close_ends_a_receive_blocked_in_another_thread_and_closing_again_does_nothing(shell_pairs):
+    """A stopping server closes its sessions' connections under their threads: the receive each
+    thread is blocked in reports the loss at once; a connection closed twice stays closed quietly."""
+    import threading
+    import time
+    connection, far = shell_pairs()
+    lost = []
+
+    def receive():
+        try:
+            connection.receive()
+        except errors.ConnectionLost as error:
+            lost.append(error)
+    waiting = threading.Thread(target=receive)
+    waiting.start()
+    time.sleep(0.05)
+    started = time.monotonic()
+    connection.close()
+    waiting.join(5)
+    assert not waiting.is_alive() and len(lost) == 1 and time.monotonic() - started < 5  # not its 10 s timeout
+    connection.close()
+    with pytest.raises(errors.ConnectionLost):
+        connection.receive()
+
+
 def test_the_spin_window_comes_from_the_environment(monkeypatch):
     from ember.wire.tcp import spin_window
     monkeypatch.delenv("EMBER_SPIN_US", raising=False)

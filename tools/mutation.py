@@ -55,6 +55,10 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "engines": (["ember/engines/local.py", "ember/remote/runs.py"],
                 ["tests/test_jit.py", "tests/test_array.py", "tests/test_session.py", "tests/test_errors.py",
                  "tests/test_budget.py"]),
+    # the client's half of a peer: its engine (the op log, runs, drops, waits) and the TCP shell both ends use
+    "client": (["ember/engines/remote.py", "ember/wire/tcp.py"],
+               ["tests/test_remote.py", "tests/test_wire.py", "tests/test_tls.py", "tests/test_transfers.py",
+                "tests/test_hardening.py", "tests/test_capture.py", "tests/test_distributed.py"]),
     # the rows' own rules (meta, canon, gradient, scratch), judged by the tests generated from the table
     "op-rules": ([f"ember/ops/{name}.py" for name in ("creation", "elementwise", "fft", "indexing", "linalg",
                                                        "manipulation", "nn", "reductions")],

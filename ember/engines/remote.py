@@ -278,6 +278,8 @@ class RemoteEngine(Engine):
                 raise lost_session("replay", "an input", handle.engine)
         with self._lock:
             self._take_log()
+            if not self._pending:
+                self._first_pending = _clock()  # the batch starts here, with a registration or the run
             gid = self._graph_ids.get(graph)
             if gid is None:
                 gid = next(self._gids)
@@ -298,8 +300,6 @@ class RemoteEngine(Engine):
             for _, node in graph.outputs:
                 meta = graph.metas[node]
                 self._made_bytes += meta.nbytes
-            if not self._pending:
-                self._first_pending = _clock()
             self._pending.append(("run", gid, tuple(h.id for h in inputs), tuple(o.id for o in outs)))
             self.counters["graph_runs"] += 1
             if len(self._pending) >= BATCH_OPS or _clock() - self._first_pending > BATCH_SECONDS:

@@ -225,7 +225,6 @@ class TcpConnection(SocketShell):
         self.reader = FrameReader(limits, allocate) if allocate else FrameReader(limits)
         self._frames: deque[Frame] = deque(self.reader.feed(received))
         self._scratch = memoryview(bytearray(_DIRECT))  # small reads land here; a view, sliced for each
-        self._closed = False
         self._waiting = readiness(sock)
         self._take_timeouts(timeout)
 
@@ -334,13 +333,12 @@ class TcpConnection(SocketShell):
         return self._frames.popleft()
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.sock.close()
+        """Shut the connection down (a receive blocked in another thread returns) and close it; again, nothing."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # not connected, or closed already
+            pass
+        self.sock.close()
 
 
 def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None,
