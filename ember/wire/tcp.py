@@ -148,6 +148,14 @@ class SocketShell:
     _ended = False  # the stream's end came (a look found it) …
     _failed: EmberError | None = None  # … or malformed bytes: the next receive raises it
 
+    def close(self) -> None:
+        """Shut the socket down (a receive blocked in another thread returns) and close it; again, nothing."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # not connected, or closed already
+            pass
+        self.sock.close()
+
     def _take_timeouts(self, timeout: float | None) -> None:
         self._tls = isinstance(self.sock, ssl.SSLSocket)
         self._kernel = _KERNEL_TIMEOUTS and not self._tls
@@ -331,14 +339,6 @@ class TcpConnection(SocketShell):
             if restore:
                 self._end_wait()
         return self._frames.popleft()
-
-    def close(self) -> None:
-        """Shut the connection down (a receive blocked in another thread returns) and close it; again, nothing."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:  # not connected, or closed already
-            pass
-        self.sock.close()
 
 
 def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None,

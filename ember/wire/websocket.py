@@ -182,11 +182,7 @@ class WebSocketConnection(SocketShell):
             self._flush()
         except Exception:
             pass
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked receiving (a server stopping its sessions)
-        except OSError:
-            pass
-        self.sock.close()
+        super().close()
 
 
 def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | None = None,
