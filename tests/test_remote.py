@@ -44,6 +44,19 @@ def nothing_listens(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def messages_sent(engine, action) -> list:
+    """The messages of the frames ``engine`` sends while ``action()`` runs (as the engine hands them to
+    its connection, before a WebSocket wraps them)."""
+    sent, original = [], engine.connection.send
+    engine.connection.send = lambda buffers: sent.append(b"".join(map(bytes, buffers))) or original(buffers)
+    try:
+        action()
+    finally:
+        engine.connection.send = original
+    reader = wire.FrameReader(wire.Limits())
+    return [m for frame in sent for decoded in reader.feed(frame) for m in decoded.header["m"]]
+
+
 @pytest.fixture(params=REMOTE_SCHEMES)
 def remote(request, peer):
     return em.device(peer.url(request.param))
@@ -78,18 +91,25 @@ def test_a_chain_and_one_read_cost_one_round_trip(remote):
     np.testing.assert_allclose(result, chain(np, host, 1000), rtol=1e-6)
 
 
-def test_a_batch_goes_once_it_holds_batch_ops_ops_or_is_batch_seconds_old(remote, monkeypatch):
+@pytest.mark.parametrize("kind", ["logged", "message", "both"])
+def test_a_batch_goes_once_it_holds_batch_ops_ops_or_is_batch_seconds_old(remote, monkeypatch, kind):
     """Ops wait in the batch until BATCH_OPS of them are there, or until one added at a count of
-    eight finds the batch older than BATCH_SECONDS (the clock is read every eighth op): not before."""
+    eight finds the batch older than BATCH_SECONDS (the clock is read every eighth op, and starts at
+    the batch's first op): not before. Alike for ops only logged (one output, its meta known), for
+    ops sent as messages of their own (more outputs) and for both in one batch (runs of three logged
+    ops between messages), where each op of a run counts."""
     x = em.asarray(np.zeros(3), device=remote)
+    rows = em.asarray(np.zeros((2, 3)), device=remote)
     em.sync(remote)
+    logged = lambda y: y + 1.0  # noqa: E731
+    message = lambda y: em.unstack(rows)[0]  # noqa: E731
 
-    def batches_after(ops: int, pause: float = 0.0) -> int:
+    def batches_after(ops: int, pause: float = 0.0, pause_before: int | None = None) -> int:
         sent, y = em.stats(remote)["batches"], x
         for k in range(ops):
-            if k == ops - 1:
+            if k == (ops - 1 if pause_before is None else pause_before):
                 time.sleep(pause)
-            y = y + 1.0
+            y = (message if kind == "message" or (kind == "both" and k % 4 == 3) else logged)(y)
         return em.stats(remote)["batches"] - sent
 
     monkeypatch.setattr(remote_engine, "BATCH_SECONDS", 60.0)
@@ -98,11 +118,14 @@ def test_a_batch_goes_once_it_holds_batch_ops_ops_or_is_batch_seconds_old(remote
     assert batches_after(remote_engine.BATCH_OPS) == 1
     em.sync(remote)
     monkeypatch.setattr(remote_engine, "BATCH_SECONDS", 0.5)
+    time.sleep(0.6)  # a clock left from an earlier batch would be old
     assert batches_after(8) == 0  # young
     em.sync(remote)
     assert batches_after(7, pause=0.6) == 0  # old, but the clock is read at the eighth op
     em.sync(remote)
     assert batches_after(8, pause=0.6) == 1  # the eighth op finds the batch old
+    em.sync(remote)
+    assert batches_after(8, pause=0.6, pause_before=1) == 1  # its clock started at the first op, not the second
     em.sync(remote)
     np.testing.assert_array_equal(em.asnumpy(x + 1.0), [1.0, 1.0, 1.0])
 
@@ -115,24 +138,19 @@ def test_a_loop_sends_the_same_runs_of_ops_and_the_peer_replays_them_compiled(re
     x = em.asarray(host, device=remote)
     engine = remote.engine
     before = engine.peer_stats()["session_runs_replayed"]
-    sent = []
-    original = engine.connection.send
-    engine.connection.send = lambda buffers: sent.append(b"".join(map(bytes, buffers))) or original(buffers)
-    try:
+
+    def loop():
         for _ in range(3):  # 16 runs of 64 ops each time (a batch is 64 ops), the first a run of 64 as well
             np.testing.assert_allclose(em.asnumpy(chain(em, x, 1000)), chain(np, host, 1000), rtol=1e-6)
-    finally:
-        engine.connection.send = original
+    messages = messages_sent(engine, loop)
     stats = engine.peer_stats()
     assert stats["session_runs_replayed"] - before >= 15  # the third time: all of them
     assert stats["session_tensors"] == 1  # x: the chains' intermediates were let go, and never stored
-    if remote.scheme == "ember":  # plain frames on TCP (a WebSocket wraps them)
-        reader = wire.FrameReader(wire.Limits())
-        runs = [m for frame in sent for decoded in reader.feed(frame) for m in decoded.header["m"] if m[0] == "ops"]
-        assert len(runs) >= 48 and len({m[3] for m in runs}) <= 2  # the same bytes, at other ids
-        assert len({m[1] for m in runs}) == len(runs)
-        records, let_go = wire.unpack(runs[0][3])
-        assert len(records) == 64 and let_go == tuple(range(62))  # the last two were still held when it was sent
+    runs = [m for m in messages if m[0] == "ops"]
+    assert len(runs) >= 48 and len({m[3] for m in runs}) <= 2  # the same bytes, at other ids
+    assert len({m[1] for m in runs}) == len(runs)
+    records, let_go = wire.unpack(runs[0][3])
+    assert len(records) == 64 and let_go == tuple(range(62))  # the last two were still held when it was sent
 
 
 def test_runs_that_differ_only_in_the_sign_of_a_zero_are_sent_each_as_it_is(remote):
@@ -186,6 +204,11 @@ def test_reads_of_every_kind(remote):
     assert em.nonzero(x > 2)[0].shape == (2,)
     values, counts = em.unique_counts(em.asarray([3, 1, 3, 3], device=remote))
     np.testing.assert_array_equal(em.asnumpy(counts), [1, 3])
+    # data-dependent outputs (their shapes asked of the peer) have the metas the local device gives them
+    local_x = x.to_device("numpy")
+    for function in (lambda a: (a[a > 0],), lambda a: em.nonzero(a > 2), em.unique_counts):
+        for here, there in zip(function(local_x), function(x), strict=True):
+            assert (there.shape, there.dtype) == (here.shape, here.dtype) and there.device == remote
 
 
 def test_peer_side_failure_surfaces_at_the_read_and_the_session_continues(remote):
@@ -243,6 +266,73 @@ def test_jitted_calls_nothing_reads_let_their_dropped_outputs_go_within_the_batc
         assert em.stats(remote)["batches"] - batches == math.ceil((1 + 40 + 39 + 1) / remote_engine.BATCH_OPS)
         stats = remote.engine.peer_stats()
         assert (stats["session_tensors"], stats["session_bytes"]) == (2, 2 * host.nbytes)
+
+
+@pytest.mark.parametrize("made", [remote_engine.DROP_BYTES, remote_engine.DROP_BYTES // 2], ids=["drop-bytes", "half"])
+@pytest.mark.parametrize("kind", ["op", "run"])
+def test_messages_nothing_reads_let_their_dropped_outputs_go_once_the_ops_made_drop_bytes(monkeypatch, kind, made):
+    """Ops sent as messages of their own (here ``unstack``, two outputs) and runs of a registered graph
+    count the bytes they make: once those since the last drops reach DROP_BYTES, the drops go ahead of
+    the next message. Forty calls whose outputs are dropped at the next call but one fit a session
+    quota of 8 MiB, where holding them to the read would take 40 × ``made``; the frames say when the
+    drops went: at every call from the third when each makes DROP_BYTES, at every other one when
+    each makes half."""
+    monkeypatch.setattr(remote_engine, "BATCH_SECONDS", 60.0)  # one batch: a batch's end queues the drops too
+    monkeypatch.setattr(remote_engine, "BATCH_OPS", 1000)
+    with Peer("--max-session-bytes", str(8 << 20)) as running:
+        remote = em.device(running.url())
+        host = np.random.default_rng(0).random((2, made // 8), dtype=np.float32)  # made bytes
+        x = em.asarray(host, device=remote)
+        step, outputs = (em.unstack, 2) if kind == "op" else (em.jit(lambda a: a * 2.0), 1)
+        step(x)  # a graph registered
+        em.sync(remote)
+
+        def loop():
+            for _ in range(40):
+                out = step(x)
+            np.testing.assert_array_equal(em.asnumpy(out[1]), host[1] * (1.0 if kind == "op" else 2.0))
+        messages = messages_sent(remote.engine, loop)
+        drops = [m for m in messages if m[0] == "drop"]
+        # call k drops the outputs of call k - 2 (its own and call k - 1's are held); the read drops the 39th's
+        assert len(drops) == (38 if made == remote_engine.DROP_BYTES else 19) + 1
+        assert sorted(i for m in drops for i in m[1]) == [h for m in messages if m[0] == kind for h in m[3]][:-outputs]
+        stats = remote.engine.peer_stats()
+        assert (stats["session_tensors"], stats["session_bytes"]) == (1, host.nbytes)  # x
+
+
+def test_a_graphs_constants_registered_behind_an_upload_read_their_own_bytes(remote, monkeypatch):
+    """A graph's constants travel as segments of the frame that registers it, after any the batch holds
+    already (a small upload's): each constant names its own."""
+    monkeypatch.setattr(remote_engine, "BATCH_SECONDS", 60.0)  # the upload and the registration in one frame
+    em.sync(remote)
+
+    def function(x):
+        return x * em.asarray([1.0, 2.0, 3.0], device=x.device) + em.asarray([10.0, 20.0, 30.0], device=x.device)
+    jitted = em.jit(function)
+    before = em.stats(remote)
+    x = em.asarray(np.array([5.0, 6.0, 7.0]), device=remote)  # the batch's first segment
+    np.testing.assert_array_equal(em.asnumpy(jitted(x)), [15.0, 32.0, 51.0])
+    after = em.stats(remote)
+    assert (after["batches"] - before["batches"], after["graphs_registered"] - before["graphs_registered"]) == (1, 1)
+
+
+def test_a_graph_let_go_is_forgotten_by_the_peer_and_each_graph_registers_once(remote):
+    """Each jitted function's graph registers once a session; once the program lets the function (and
+    so its graph) go, the next batch tells the peer to forget it."""
+    import gc
+    x = em.asarray(np.arange(3.0), device=remote)
+    engine = remote.engine
+    gc.collect()  # graphs of the tests before, with this session
+    registered, before = engine.stats()["graphs_registered"], engine.peer_stats()["session_graphs"]
+    double, halve = em.jit(lambda a: a * 2.0), em.jit(lambda a: a / 2.0)
+    for _ in range(2):
+        np.testing.assert_array_equal(em.asnumpy(double(x) + halve(x)), np.arange(3.0) * 2.5)
+    assert engine.stats()["graphs_registered"] - registered == 2
+    assert engine.peer_stats()["session_graphs"] - before == 2
+    del double
+    gc.collect()
+    assert engine.peer_stats()["session_graphs"] - before == 1
+    np.testing.assert_array_equal(em.asnumpy(halve(x)), np.arange(3.0) / 2.0)
 
 
 def test_a_jitted_chain_of_large_arrays_on_a_peer_gives_eager_values_exactly():
@@ -490,14 +580,17 @@ def test_autodiff_wrappers_are_stripped_before_hosting():
 
 def test_arrays_of_two_sessions_with_one_peer_mix_only_once_moved(peer):
     """Two device strings for one peer that differ only in their token are equal devices with a
-    session each: an op mixing their arrays is refused, naming the other session and the move that
-    mends it, and both sessions go on."""
+    session each: an op mixing their arrays is refused, saying so and naming the move that mends it
+    (to the Device object: its string, without the token, would open a third session), and both
+    sessions go on."""
     mine, theirs = em.device(peer.url()), em.device(peer.url(token="another-token-0123456789"))
     x, y = em.asarray(np.ones(3), device=mine), em.asarray(np.full(3, 2.0), device=theirs)
     assert mine == theirs and mine.engine is not theirs.engine
-    with pytest.raises(em.DeviceError, match=re.escape(f"add: an input lives in another session ({theirs}); "
-                                                       f"move it with x.to_device({str(mine)!r})")):
-        x + y
+    for name, mixing in (("add", lambda: x + y), ("getitem", lambda: x[y > 0])):  # an op of one output, or of a shape asked
+        with pytest.raises(em.DeviceError, match=re.escape(
+                f"{name}: an input lives in another session with {mine}, opened with another token; move it into this "
+                f"one with x.to_device(device), passing the Device its other inputs are on (a device string omits the token)")):
+            mixing()
     np.testing.assert_array_equal(em.asnumpy(x + y.to_device(mine)), [3.0, 3.0, 3.0])
     np.testing.assert_array_equal(em.asnumpy(y * 2.0), [4.0, 4.0, 4.0])
 

@@ -140,7 +140,7 @@ def test_the_info_reply_describes_the_host_and_each_session_is_new():
     assert info["session"] == first.id and again["peer"] == info["peer"] == host.identity != info["session"]  # one peer
     assert first.pool is pool and first.registry is host.registry
     assert _replies(_batch(first, ("stats", 1))) == [("stats", 1, {"session_tensors": 0, "session_bytes": 0, "session_ops": 0,
-                                                                   "session_runs_replayed": 0, "sessions": 2,
+                                                                   "session_runs_replayed": 0, "session_graphs": 0, "sessions": 2,
                                                                    "live_tensors": 0})]
 
 
@@ -225,7 +225,8 @@ def test_a_registered_graph_runs_with_its_constants_and_counts_its_ops():
     ((header, (y,)),) = replies
     np.testing.assert_array_equal(y, np.linalg.inv(a) + [1.0, 2.0])
     assert header["m"][1] == ("stats", 5, {"session_tensors": 3, "session_bytes": 3 * 32, "session_ops": 4,
-                                           "session_runs_replayed": 0, "sessions": 1, "live_tensors": 3})
+                                           "session_runs_replayed": 0, "session_graphs": 1, "sessions": 1,
+                                           "live_tensors": 3})
     assert session.metas[4] == session.metas[2] and np.array_equal(session.tensors[4], y)
     # a kernel that fails inside a run poisons the run's outputs only, reported once
     assert _batch(session, ("put", 5, 0), ("run", 7, (5,), (6,)), segments=[np.zeros((2, 2))]) == []

@@ -104,6 +104,23 @@ def test_empty_tensors_move_too(source, destination):
         assert em.asnumpy(moved + 1).shape == shape
 
 
+def test_an_array_of_a_closed_session_moves_nowhere_and_both_peers_go_on(source, destination):
+    """Moving an array whose session has ended (closed here; a restart or a timeout alike) fails with
+    its loss, to another peer as to the host, and sends nothing: the source's new session and the
+    destination's go on."""
+    a, b = em.device(source.url()), em.device(destination.url())
+    x = em.asarray(np.arange(3.0), device=a)
+    a.engine.close()
+    sent = _sent(source)
+    for target in (b, "numpy"):
+        with pytest.raises(em.ConnectionLost, match=r"^to_device: .*the array lives in a lost session with .*; its "
+                                                   r"data is gone \(the session with .* was closed\)"):
+            x.to_device(target)
+    moved = em.asarray(np.arange(3.0), device=a).to_device(b)
+    np.testing.assert_array_equal(em.asnumpy(moved * 2.0), [0.0, 2.0, 4.0])
+    assert _sent(source) == sent + 1  # the second move only
+
+
 def test_a_fetched_tensor_is_received_into_the_destinations_buffer_pool_and_its_buffer_serves_the_next():
     # a fresh 256 MiB buffer costs tens of milliseconds of page faults on the destination (ember bench fleet)
     with em.Server("numpy", "127.0.0.1:0") as src, em.Server("numpy", "127.0.0.1:0") as dst:

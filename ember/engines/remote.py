@@ -238,9 +238,10 @@ class RemoteEngine(Engine):
         for value, meta in zip(inputs, in_metas):
             if type(value) is RemoteHandle:
                 if value.engine is not self:
-                    if value.engine.lost is None:
-                        raise DeviceError(f"{op.name}: an input lives in another session ({value.engine.device}); "
-                                          f"move it with x.to_device({str(self.device)!r})")
+                    if value.engine.lost is None:  # equal devices, two sessions: one peer, two tokens
+                        raise DeviceError(f"{op.name}: an input lives in another session with {self.device}, opened "
+                                          f"with another token; move it into this one with x.to_device(device), "
+                                          f"passing the Device its other inputs are on (a device string omits the token)")
                     raise lost_session(op.name, "an input", value.engine)
                 refs.append(value.id)
             else:

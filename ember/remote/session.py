@@ -662,7 +662,7 @@ class Session:
     def _stats(self, body, frame_segments, replies, segments) -> None:
         (rid,) = body
         stats = {"session_tensors": len(self.tensors), "session_bytes": self.live_bytes(), "session_ops": self.ops,
-                 "session_runs_replayed": self.runs_replayed}
+                 "session_runs_replayed": self.runs_replayed, "session_graphs": len(self.graphs)}
         if self.registry is not None:
             stats.update(self.registry.stats())
         replies.append(("stats", rid, stats))
