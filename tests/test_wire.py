@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import struct
+import time
 
 import msgpack
 import numpy as np
@@ -439,6 +440,66 @@ def _shell_pair(transport: str):
     while not any(isinstance(event, Response) for event in client.events_received()):
         client.receive_data(far.recv(4096))
     return connection, _WebSocketFar(far, client)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
+def test_a_frame_with_empty_tensors_between_and_after_large_ones_arrives_whole(kernel, monkeypatch):
+    """A large frame goes scatter-gather, a buffer a segment: an empty tensor's buffer is empty, and
+    one between, after or in place of large ones neither stops the send nor is sent twice. The send
+    returns the frame's bytes and leaves the socket's timeouts as it found them."""
+    from ember.wire import tcp
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)
+    near, far = _shell_pair("tcp")
+    far = tcp.TcpConnection(far, timeout=10)
+    try:
+        rng = np.random.default_rng(5)
+        for layout in ([3000, 0], [0, 3000, 0, 0], [3000, 0, 5000, 0], [200_000, 0]):  # float64: 24 kB and more
+            segments = [rng.random(n) for n in layout]
+            buffers = wire.encode_frame({"t": "batch"}, segments)
+            assert near.send(buffers) == sum(memoryview(b).nbytes for b in buffers)  # what the counters count
+            # a large frame may be sent with Python's timeouts: the socket's own are as they were after it
+            assert near.sock.gettimeout() == (None if near._kernel else near.timeout)
+            frame = far.receive()
+            assert frame.header == {"t": "batch", "seg": tuple(("float64", (n,)) for n in layout)}
+            for sent, received in zip(segments, frame.segments, strict=True):
+                np.testing.assert_array_equal(received, sent)
+    finally:
+        near.close()
+        far.close()
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel timeouts", "python timeouts"])
+def test_frames_of_one_buffer_sent_faster_than_the_far_end_reads_arrive_whole(kernel, monkeypatch):
+    """A frame of one buffer (a header of many ops, with small tensors or none) goes in one write,
+    which a full socket buffer may cut short: the rest follows, and the count returned is the
+    frame's. Fifty such frames of 200 kB, sent through small socket buffers while the far end starts
+    reading late, all arrive whole and in order."""
+    import socket
+    import threading
+
+    from ember.wire import tcp
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)
+    near, far = _shell_pair("tcp")
+    near.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)  # smaller than a frame: writes cut short
+    far.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    far = tcp.TcpConnection(far, timeout=10)
+    frames = [wire.encode_frame({"t": "batch", "k": k, "ops": bytes([k]) * 200_000}, [np.full(3, k, np.float32)])
+              for k in range(50)]
+    assert all(len(buffers) == 1 for buffers in frames)
+    counts = []
+    sender = threading.Thread(target=lambda: counts.extend(near.send(buffers) for buffers in frames))
+    try:
+        sender.start()
+        time.sleep(0.2)  # the buffers fill
+        for k in range(50):
+            frame = far.receive()
+            assert frame.header["ops"] == bytes([k]) * 200_000 and (frame.segments[0] == k).all()
+        sender.join(10)
+        assert counts == [len(buffers[0]) for buffers in frames]
+    finally:
+        near.close()
+        far.close()
+        sender.join(10)
 
 
 def test_receives_and_sends_time_out_each_by_its_own_limit(shell_pairs):

@@ -355,8 +355,6 @@ class RemoteEngine(Engine):
             raise lost_session("to_device", "the array", handle.engine)
         with self._lock:
             self._take_log()
-            if not self._pending:
-                self._first_pending = _clock()
             self._pending.append(("grant", handle.id, capability, session))
             self.flush()  # the source starts serving it as soon as it gets there, not at the next read
 
@@ -373,8 +371,6 @@ class RemoteEngine(Engine):
         out = RemoteHandle(self, next(self._ids))
         with self._lock:
             self._take_log()
-            if not self._pending:
-                self._first_pending = _clock()
             self._pending.append(("fetch", out.id, meta.dtype, tuple(meta.shape), where.scheme, where.host, where.port,
                                   capability, source.info.get("peer", "")))
             self.flush()  # the fetch starts now, well within the capability's lifetime
