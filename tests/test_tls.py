@@ -243,6 +243,33 @@ def test_a_tls_client_of_a_plain_peer_fails_at_once(peer, pki, scheme, monkeypat
     assert time.monotonic() - start < PROMPT
 
 
+@pytest.mark.parametrize("transport", ["tcp", "websocket"])
+def test_a_handshake_with_a_silent_peer_ends_at_the_timeout(pki, transport):
+    """A TLS client whose peer accepts and says nothing waits for its handshake no longer than the
+    timeout it was given, and says where and why."""
+    from ember.wire import tcp, tls, websocket
+    module = tcp if transport == "tcp" else websocket
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        outcome = []
+
+        def client():
+            start = time.monotonic()
+            try:
+                module.connect("127.0.0.1", port, timeout=0.5, tls=tls.client_context(pki.ca))
+            except em.ConnectionLost as error:
+                outcome.append((str(error), time.monotonic() - start))
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        silent, _ = listener.accept()
+        try:
+            thread.join(30)
+            assert outcome and outcome[0][1] < PROMPT, outcome
+            assert outcome[0][0].endswith(f"s://127.0.0.1:{port}: timed out during the TLS handshake")
+        finally:
+            silent.close()
+
+
 def test_a_stalled_handshake_does_not_hold_up_other_clients(tls_peer, pki):
     host, port = tls_peer.address.rsplit(":", 1)
     stalled = [socket.create_connection((host, int(port))) for _ in range(3)]

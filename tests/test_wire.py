@@ -502,6 +502,90 @@ def test_frames_of_one_buffer_sent_faster_than_the_far_end_reads_arrive_whole(ke
         sender.join(10)
 
 
+def test_a_kernel_timeout_is_whole_microseconds_rounded_up_and_none_is_zero():
+    """The kernel reads a socket timeout as a struct timeval, where zero means none: no timeout is
+    zero, and a timeout of any length (zero included: do not wait) is at least a microsecond,
+    rounded up, never down to none."""
+    from ember.wire.tcp import _TIMEVAL, _timeval
+    for seconds, expected in ((None, (0, 0)), (0.0, (0, 1)), (1e-9, (0, 1)), (1e-6, (0, 1)), (2.5e-6, (0, 3)),
+                              (1.5, (1, 500_000)), (2.0000001, (2, 1)), (600.0, (600, 0))):
+        assert _TIMEVAL.unpack(_timeval(seconds)) == expected, seconds
+
+
+@pytest.mark.parametrize("transport", ["tcp", "websocket"])
+def test_a_connection_made_keeps_the_timeout_limits_and_allocator_it_was_given(transport):
+    """``connect`` of either shell hands its connection what it was given: tensors arrive in the
+    allocator's arrays, a wait for bytes ends after the timeout, and a frame over the limits is
+    refused naming them. A port nobody listens on is named in the error."""
+    import socket
+    import threading
+
+    from ember.wire import tcp, websocket
+    from ember.wire.tcp import TimedOut
+    module = tcp if transport == "tcp" else websocket
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        far = []
+
+        def serve():
+            sock, _ = listener.accept()
+            sock.settimeout(10)
+            far.append(tcp.TcpConnection(sock, timeout=10) if transport == "tcp" else websocket.accept(sock))
+        server = threading.Thread(target=serve)
+        server.start()
+        made = []
+
+        def allocate(shape, dtype):
+            made.append(np.empty(shape, dtype))
+            return made[-1]
+        near = module.connect("127.0.0.1", port, Limits(max_tensor_bytes=64), timeout=0.5, allocate=allocate)
+        server.join(10)
+        watchdog = threading.Timer(10, far[0].close)  # a wait without its timeout ends, and the test fails
+        watchdog.start()
+        try:
+            far[0].send(wire.encode_frame({"t": "batch"}, [np.arange(4.0)]))
+            frame = near.receive()
+            assert frame.segments[0] is made[0] and frame.segments[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+            start = time.monotonic()
+            with pytest.raises(TimedOut):
+                near.receive()  # nothing more comes
+            assert time.monotonic() - start < 5
+            far[0].send(wire.encode_frame({"t": "batch"}, [np.arange(9.0)]))
+            with pytest.raises(errors.ProtocolError, match="a tensor of 72 bytes exceeds the limit of 64 bytes"):
+                near.receive()
+        finally:
+            watchdog.cancel()
+            near.close()
+            far[0].close()
+    with pytest.raises(errors.ConnectionLost, match=rf"^cannot connect to 127\.0\.0\.1:{port}: "):
+        module.connect("127.0.0.1", port, timeout=5)
+
+
+def test_a_look_for_a_frame_works_without_poll_too(monkeypatch):
+    """Where ``select.poll`` is missing (Windows), a look asks ``select``: not readable before bytes
+    come, readable once a frame has, and at the stream's end."""
+    import select
+    monkeypatch.delattr(select, "poll")
+    from ember.wire import tcp
+    monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", False)  # with the kernel's timeouts a look reads instead
+    import threading
+    near, far = _shell_pair("tcp")
+    watchdog = threading.Timer(10, far.close)  # a look that waits ends, and the test fails
+    watchdog.start()
+    try:
+        assert not near.readable()
+        far.sendall(_bytes({"t": "batch"}))
+        assert tcp.spin_wait(near, 5.0) and near.receive().header == {"t": "batch"}
+        assert not near.readable()
+        far.close()
+        assert tcp.spin_wait(near, 5.0)
+        with pytest.raises(errors.ConnectionLost, match="the peer closed the connection"):
+            near.receive()
+    finally:
+        watchdog.cancel()
+        near.close()
+
+
 def test_receives_and_sends_time_out_each_by_its_own_limit(shell_pairs):
     """Plain TCP on 64-bit Linux keeps a blocking socket with the kernel's timeouts (one system call a
     receive); TLS, and other systems, keep Python's. Either way: a receive's timeout is its own,
