@@ -22,6 +22,7 @@ import ember as em
 from ember import errors
 from ember.wire import protocol as wire
 from ember.wire.protocol import MAGIC, PREFIX_SIZE, FrameReader, Limits
+from ember.wire.tcp import TimedOut
 
 
 def _bytes(header, segments=()) -> bytes:
@@ -376,7 +377,8 @@ def test_waits_never_pass_a_deadline():
     assert wait_limit(None, None) is None and wait_limit(5.0, None) == 5.0
     soon = time.monotonic() + 2
     assert 1 < wait_limit(None, soon) <= 2 and wait_limit(0.5, soon) == 0.5 and 1 < wait_limit(30, soon) <= 2
-    with pytest.raises(TimedOut, match="the deadline passed"):
+    assert 0 < wait_limit(30, time.monotonic() + 0.5) <= 0.5  # however little is left, until none is
+    with pytest.raises(TimedOut, match="^the deadline passed$"):
         wait_limit(30, time.monotonic() - 0.001)
     assert issubclass(TimedOut, errors.ConnectionLost)
 
@@ -561,6 +563,44 @@ def test_a_connection_made_keeps_the_timeout_limits_and_allocator_it_was_given(t
         module.connect("127.0.0.1", port, timeout=5)
 
 
+@pytest.mark.parametrize("transport", ["tcp", "websocket"])
+def test_a_connection_sends_at_once_and_notices_a_vanished_host(transport):
+    """Both shells' sockets send small frames at once (no Nagle delay) and keep the connection alive
+    where the system lets them tune it: a host that vanishes is noticed after 10 s of silence and
+    3 probes 5 s apart, even while nothing is sent."""
+    import socket
+    import threading
+
+    from ember.wire import tcp, websocket
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        accepted = []
+        server = threading.Thread(target=lambda: accepted.append(listener.accept()[0]))
+        server.start()
+        if transport == "tcp":
+            connection = tcp.connect("127.0.0.1", listener.getsockname()[1], timeout=10)
+        else:
+            def upgrade():
+                server.join(10)
+                accepted[0].settimeout(10)
+                accepted.append(websocket.accept(accepted[0]))
+            upgrading = threading.Thread(target=upgrade)
+            upgrading.start()
+            connection = websocket.connect("127.0.0.1", listener.getsockname()[1], timeout=10)
+            upgrading.join(10)
+        server.join(10)
+        try:
+            sock = connection.sock
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+                if hasattr(socket, option):
+                    assert sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, option)) == value, option
+        finally:
+            connection.close()
+            for far in accepted:
+                far.close()
+
+
 def test_a_look_for_a_frame_works_without_poll_too(monkeypatch):
     """Where ``select.poll`` is missing (Windows), a look asks ``select``: not readable before bytes
     come, readable once a frame has, and at the stream's end."""
@@ -633,6 +673,26 @@ def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(shell_pairs):
     later.join()
 
 
+def test_a_receive_never_waits_past_the_connections_deadline(shell_pairs):
+    """While a connection has a deadline (a server's handshake), a receive ends there, however long
+    its timeout, and a frame that came before it is still received."""
+    import threading
+
+    connection, far = shell_pairs()
+    connection.deadline = time.monotonic() + 0.5
+    far.sendall(_bytes({"t": "init"}))
+    assert connection.receive().header == {"t": "init"}
+    watchdog = threading.Timer(10, far.close)  # a receive that waits on ends, and the test fails
+    watchdog.start()
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimedOut):
+            connection.receive(30.0)
+        assert time.monotonic() - start < 5
+    finally:
+        watchdog.cancel()
+
+
 def test_small_sends_time_out_once_the_far_end_reads_nothing(shell_pairs):
     """Small frames go in one send each (one buffer): once the far end's buffers are full, a send
     waits the connection's timeout and no longer."""
@@ -694,6 +754,31 @@ def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(shell_pai
     assert connection.receive().header == {"t": "error", "reason": "bye"}  # what came before the end first
     assert spin_wait(connection, 5)
     with pytest.raises(errors.ConnectionLost, match="the peer closed the connection"):
+        connection.receive()
+
+
+def test_a_look_finds_what_has_come_at_once_and_keeps_finding_it_until_received(shell_pairs):
+    """``readable()`` answers at the first look once a frame has come, or frames wait already received
+    (two came in one read), or the stream has ended, or malformed bytes came: each keeps it readable
+    until a receive takes the frame or raises the loss. A spin wait then costs no extra poll."""
+    connection, far = shell_pairs()
+    far.sendall(_bytes({"t": "reply", "n": 0}) + _bytes({"t": "reply", "n": 1}))
+    time.sleep(0.05)
+    assert connection.readable() and connection.readable()
+    assert connection.receive().header == {"t": "reply", "n": 0}
+    assert connection.readable()  # the second frame came with the first
+    assert connection.receive().header == {"t": "reply", "n": 1}
+    assert not connection.readable()
+    far.sendall(b"EMBX" + bytes(12))
+    time.sleep(0.05)
+    assert connection.readable() and connection.readable()  # malformed: the receive will say so
+    with pytest.raises(errors.ProtocolError, match="bad frame magic b'EMBX'"):
+        connection.receive()
+    connection, far = shell_pairs()
+    far.close()
+    time.sleep(0.05)
+    assert connection.readable() and connection.readable()  # the end of the stream
+    with pytest.raises(errors.ConnectionLost, match="the peer closed"):
         connection.receive()
 
 
