@@ -284,7 +284,7 @@ def test_messages_nothing_reads_let_their_dropped_outputs_go_once_the_ops_made_d
         host = np.random.default_rng(0).random((2, made // 8), dtype=np.float32)  # made bytes
         x = em.asarray(host, device=remote)
         step, outputs = (em.unstack, 2) if kind == "op" else (em.jit(lambda a: a * 2.0), 1)
-        step(x)  # a graph registered
+        step(x)  # once before: for the jitted step, its graph's registration
         em.sync(remote)
 
         def loop():
@@ -293,7 +293,7 @@ def test_messages_nothing_reads_let_their_dropped_outputs_go_once_the_ops_made_d
             np.testing.assert_array_equal(em.asnumpy(out[1]), host[1] * (1.0 if kind == "op" else 2.0))
         messages = messages_sent(remote.engine, loop)
         drops = [m for m in messages if m[0] == "drop"]
-        # call k drops the outputs of call k - 2 (its own and call k - 1's are held); the read drops the 39th's
+        # call k finds call k - 2's outputs dropped (``out`` holds call k - 1's); the read finds the 39th's
         assert len(drops) == (38 if made == remote_engine.DROP_BYTES else 19) + 1
         assert sorted(i for m in drops for i in m[1]) == [h for m in messages if m[0] == kind for h in m[3]][:-outputs]
         stats = remote.engine.peer_stats()
@@ -581,8 +581,7 @@ def test_autodiff_wrappers_are_stripped_before_hosting():
 def test_arrays_of_two_sessions_with_one_peer_mix_only_once_moved(peer):
     """Two device strings for one peer that differ only in their token are equal devices with a
     session each: an op mixing their arrays is refused, saying so and naming the move that mends it
-    (to the Device object: its string, without the token, would open a third session), and both
-    sessions go on."""
+    (to the Device object: a device string omits the token), and both sessions go on."""
     mine, theirs = em.device(peer.url()), em.device(peer.url(token="another-token-0123456789"))
     x, y = em.asarray(np.ones(3), device=mine), em.asarray(np.full(3, 2.0), device=theirs)
     assert mine == theirs and mine.engine is not theirs.engine
@@ -840,6 +839,42 @@ class RawSession:
 
     def __exit__(self, *exc) -> None:
         self.connection.close()
+
+
+def test_a_client_accepts_nothing_large_before_the_peer_has_answered_its_init():
+    """What answers a client's init is read with the handshake's small limits: a reply announcing a
+    large header is refused at once, naming the limit, and the connection closed."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        ended = []
+
+        def fake_peer():
+            sock, _ = listener.accept()
+            with sock:
+                sock.settimeout(10)
+                sock.recv(65536)  # the init
+                sock.sendall(struct.pack("<4sIQ", wire.MAGIC, 1 << 20, 0))  # a header of 1 MiB
+                ended.append(sock.recv(1))  # b"": the client closed the connection
+        peer = threading.Thread(target=fake_peer)
+        peer.start()
+        with pytest.raises(em.ProtocolError, match=f"a header of {1 << 20} bytes exceeds the limit of "
+                                                   f"{wire.HANDSHAKE_LIMITS.max_header_bytes}"):
+            em.ones(1, device=em.device(f"ember://127.0.0.1:{port}/0"))
+        peer.join(10)
+        assert ended == [b""]
+
+
+def test_each_scheme_speaks_its_transport_and_downloads_reuse_their_buffers(remote):
+    """``ember://`` is plain frames over TCP and ``ws://`` WebSocket messages (the peer serves both
+    on one port); either way a download of 1 MiB or more lands in a buffer of the connection's,
+    reused once the program has let the last array go."""
+    assert remote.engine.connection.transport == {"ember": "tcp", "ws": "websocket"}[remote.scheme]
+    x = em.asarray(np.arange(1 << 20, dtype=np.float32), device=remote)  # 4 MiB
+    first = em.asnumpy(x + 1.0)
+    where = first.__array_interface__["data"][0]
+    del first
+    second = em.asnumpy(x + 2.0)
+    assert second.__array_interface__["data"][0] == where and second[3] == 5.0
 
 
 def test_malformed_and_oversized_frames_are_refused_at_once_while_others_work(peer):

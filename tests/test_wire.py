@@ -523,7 +523,6 @@ def test_a_connection_made_keeps_the_timeout_limits_and_allocator_it_was_given(t
     import threading
 
     from ember.wire import tcp, websocket
-    from ember.wire.tcp import TimedOut
     module = tcp if transport == "tcp" else websocket
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]

@@ -19,7 +19,6 @@ import os
 import secrets
 import threading
 import time
-import uuid
 import weakref
 from collections import deque
 
@@ -603,11 +602,11 @@ def connect(device) -> RemoteEngine:
     # nothing large before the handshake is done, on either side
     connection = module.connect(device.host, device.port, HANDSHAKE_LIMITS, timeout=DEFAULT_TIMEOUT, tls=context,
                                 allocate=DownloadBuffers().allocate)
-    init = {"t": "init", "v": wire.VERSION, "session": uuid.uuid4().hex, "device": device.index, "token": device.token}
+    init = {"t": "init", "v": wire.VERSION, "device": device.index, "token": device.token}  # the peer names the session
     connection.send(wire.encode_frame(init | ({"keepalive": window} if window else {})))
     try:
         header = connection.receive().header
-    except ConnectionLost:
+    except EmberError:  # lost, or a reply no peer sends (larger than a handshake's limits, malformed)
         connection.close()
         raise
     kind = header.get("t")
