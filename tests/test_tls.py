@@ -120,6 +120,18 @@ def test_large_tensors_travel_both_ways_over_tls(tls_peer, pki, scheme):
     assert em.stats(d)["bytes_down"] >= host.nbytes
 
 
+def test_a_look_for_a_frame_over_tls_never_waits(tls_peer, pki, scheme):
+    """Over TLS a look asks the TLS object for bytes it has decrypted, then the socket, and waits for
+    neither: a thousand looks at a quiet session take a few milliseconds (a look that waited a
+    millisecond would take a second)."""
+    d = em.device(tls_peer.url(scheme), tls_ca=pki.ca)
+    em.sync(d)
+    connection = d.engine.connection
+    start = time.monotonic()
+    assert not any(connection.readable() for _ in range(1000))
+    assert time.monotonic() - start < 0.5
+
+
 def test_a_frame_of_small_and_large_tensors_arrives_whole_over_tls(tls_peer, pki, scheme):
     """A TLS socket has no scatter-gather send: a frame's runs of small buffers are joined into one
     write, large ones written as they are. Small uploads, copied into the batch with larger ones,

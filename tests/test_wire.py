@@ -600,11 +600,15 @@ def test_a_connection_sends_at_once_and_notices_a_vanished_host(transport):
                 far.close()
 
 
-def test_a_look_for_a_frame_works_without_poll_too(monkeypatch):
-    """Where ``select.poll`` is missing (Windows), a look asks ``select``: not readable before bytes
-    come, readable once a frame has, and at the stream's end."""
+@pytest.mark.parametrize("poll", [True, False], ids=["poll", "select"])
+def test_a_look_for_a_frame_never_waits_and_works_without_poll_too(monkeypatch, poll):
+    """A look asks ``poll`` where the system has it, and ``select`` where not (Windows): not readable
+    before bytes come, readable once a frame has, and at the stream's end; and it never waits (a
+    thousand looks at a quiet connection take a few milliseconds, where a look that waited even a
+    millisecond would take a second)."""
     import select
-    monkeypatch.delattr(select, "poll")
+    if not poll:
+        monkeypatch.delattr(select, "poll")
     from ember.wire import tcp
     monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", False)  # with the kernel's timeouts a look reads instead
     import threading
@@ -612,7 +616,9 @@ def test_a_look_for_a_frame_works_without_poll_too(monkeypatch):
     watchdog = threading.Timer(10, far.close)  # a look that waits ends, and the test fails
     watchdog.start()
     try:
-        assert not near.readable()
+        start = time.monotonic()
+        assert not any(near.readable() for _ in range(1000))
+        assert time.monotonic() - start < 0.5
         far.sendall(_bytes({"t": "batch"}))
         assert tcp.spin_wait(near, 5.0) and near.receive().header == {"t": "batch"}
         assert not near.readable()
