@@ -841,27 +841,63 @@ class RawSession:
         self.connection.close()
 
 
-def test_a_client_accepts_nothing_large_before_the_peer_has_answered_its_init():
-    """What answers a client's init is read with the handshake's small limits: a reply announcing a
-    large header is refused at once, naming the limit, and the connection closed."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        port = listener.getsockname()[1]
-        ended = []
+def _answering_an_init(reply: bytes | None):
+    """A fake peer on a fresh port that reads a client's init and answers ``reply`` (None: nothing),
+    then waits for the client to close; the port, and a list that gets what the client sent last
+    (b"": it closed the connection)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    ended = []
 
-        def fake_peer():
+    def serve():
+        with listener:
             sock, _ = listener.accept()
             with sock:
-                sock.settimeout(10)
+                sock.settimeout(20)
                 sock.recv(65536)  # the init
-                sock.sendall(struct.pack("<4sIQ", wire.MAGIC, 1 << 20, 0))  # a header of 1 MiB
-                ended.append(sock.recv(1))  # b"": the client closed the connection
-        peer = threading.Thread(target=fake_peer)
-        peer.start()
-        with pytest.raises(em.ProtocolError, match=f"a header of {1 << 20} bytes exceeds the limit of "
-                                                   f"{wire.HANDSHAKE_LIMITS.max_header_bytes}"):
-            em.ones(1, device=em.device(f"ember://127.0.0.1:{port}/0"))
-        peer.join(10)
-        assert ended == [b""]
+                if reply is not None:
+                    sock.sendall(reply)
+                try:
+                    ended.append(sock.recv(1))
+                except OSError:
+                    ended.append(None)
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], ended
+
+
+@pytest.mark.parametrize("reply, error, message", [
+    (struct.pack("<4sIQ", wire.MAGIC, 1 << 20, 0), em.ProtocolError,  # a header of 1 MiB announced
+     f"a header of {1 << 20} bytes exceeds the limit of {wire.HANDSHAKE_LIMITS.max_header_bytes}"),
+    (wire.encode_frame({"t": "welcome"})[0], em.ProtocolError, "refused the session: unexpected reply 'welcome'"),
+    (wire.encode_frame({"t": "refuse", "kind": "NoSuchKind", "reason": "go away"})[0], em.ProtocolError,
+     "refused the session: go away"),
+    (wire.encode_frame({"t": "refuse", "kind": "AccessDenied", "reason": "bad token"})[0], em.AccessDenied,
+     "refused the session: bad token"),
+    (None, em.ConnectionLost, r"^ember://127\.0\.0\.1:\d+/0 did not answer the session's init within 0\.5 s \(EMBER_TIMEOUT\)$"),
+], ids=["large", "unexpected", "unknown kind", "refused", "silent"])
+def test_a_client_takes_only_an_info_reply_to_its_init_and_small(monkeypatch, reply, error, message):
+    """What answers a client's init is read with the handshake's small limits and within the
+    client's timeout (EMBER_TIMEOUT): a reply announcing a large header, a reply of another kind, a
+    refusal (as the error its kind names, or a ProtocolError for a kind this client does not know)
+    or silence fails the session at once, naming why, and closes the connection."""
+    monkeypatch.setattr(remote_engine, "DEFAULT_TIMEOUT", 0.5)
+    port, ended = _answering_an_init(reply)
+    start = time.monotonic()
+    with pytest.raises(error, match=message) as refused:
+        em.ones(1, device=em.device(f"ember://127.0.0.1:{port}/0"))
+    assert type(refused.value) is error and time.monotonic() - start < 15
+    del refused
+    for _ in range(100):
+        if ended:
+            break
+        time.sleep(0.1)
+    assert ended == [b""]
+
+
+def test_a_session_reads_with_the_limits_its_peer_announced():
+    with Peer("--max-tensor-bytes", "4096") as running:
+        engine = em.device(running.url()).engine
+        assert engine.limits.max_tensor_bytes == 4096
+        assert engine.connection.reader.limits == engine.limits
 
 
 def test_each_scheme_speaks_its_transport_and_downloads_reuse_their_buffers(remote):

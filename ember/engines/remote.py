@@ -606,8 +606,11 @@ def connect(device) -> RemoteEngine:
     connection.send(wire.encode_frame(init | ({"keepalive": window} if window else {})))
     try:
         header = connection.receive().header
-    except EmberError:  # lost, or a reply no peer sends (larger than a handshake's limits, malformed)
+    except EmberError as error:  # lost, silent, or a reply no peer sends (over a handshake's limits, malformed)
         connection.close()
+        if isinstance(error, TimedOut):
+            raise ConnectionLost(f"{device} did not answer the session's init within {DEFAULT_TIMEOUT:g} s "
+                                 f"(EMBER_TIMEOUT)") from None
         raise
     kind = header.get("t")
     if kind != "info":
