@@ -893,6 +893,19 @@ def test_a_client_takes_only_an_info_reply_to_its_init_and_small(monkeypatch, re
     assert ended == [b""]
 
 
+def test_a_new_sessions_counters_start_at_zero_and_count_its_frames(peer):
+    """``em.stats`` of a session just opened (a new token: a session of its own) is all zeros; an
+    upload and its read then count one batch each way, their bytes and one round trip."""
+    import uuid
+    fresh = em.device(peer.url(token=uuid.uuid4().hex))
+    assert em.stats(fresh) == {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
+                               "graphs_registered": 0, "graph_runs": 0, "keepalives": 0}
+    np.testing.assert_array_equal(em.asnumpy(em.asarray(np.arange(4.0), device=fresh)), np.arange(4.0))
+    stats = em.stats(fresh)
+    assert (stats["round_trips"], stats["batches"], stats["ops"]) == (1, 1, 0)
+    assert stats["bytes_up"] > 32 and stats["bytes_down"] == wire.PREFIX_SIZE + 32  # the prefix, one float64 tensor
+
+
 def test_a_session_reads_with_the_limits_its_peer_announced():
     with Peer("--max-tensor-bytes", "4096") as running:
         engine = em.device(running.url()).engine
