@@ -587,10 +587,10 @@ def test_keepalives_are_negotiated_at_the_handshake():
 def test_the_keepalive_window_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv("EMBER_KEEPALIVE", raising=False)
     assert keepalive_window() == 30
-    for text, window in (("2.5", 2.5), ("0", None), (" ", 30)):
+    for text, window in (("2.5", 2.5), ("0", None), (" ", 30), ("999999.5", 999999.5)):
         monkeypatch.setenv("EMBER_KEEPALIVE", text)
         assert keepalive_window() == window
-    for text in ("soon", "-1", "inf"):
+    for text in ("soon", "-1", "inf", "1e6", "1000000.5"):  # under a million seconds (11.6 days)
         monkeypatch.setenv("EMBER_KEEPALIVE", text)
         with pytest.raises(em.ArgumentError, match="EMBER_KEEPALIVE must be a number of seconds ≥ 0"):
             keepalive_window()

@@ -893,6 +893,18 @@ def test_a_client_takes_only_an_info_reply_to_its_init_and_small(monkeypatch, re
     assert ended == [b""]
 
 
+def test_a_peer_that_does_not_keep_alive_is_waited_for_up_to_the_timeout(monkeypatch):
+    """A peer whose info does not grant keepalives (one of an older version) sends no alive frames:
+    its session's reads wait up to EMBER_TIMEOUT, not the keepalive window the client asked for."""
+    monkeypatch.setenv("EMBER_KEEPALIVE", "3")
+    info = {"t": "info", "v": wire.VERSION, "session": "0" * 32, "peer": "1" * 32, "dtypes": ["float64"],
+            "limits": wire.Limits().as_dict()}
+    port, _ = _answering_an_init(wire.encode_frame(info)[0])
+    device = em.device(f"ember://127.0.0.1:{port}/0")
+    assert device.engine.window is None
+    device.engine.close()
+
+
 def test_a_new_sessions_counters_start_at_zero_and_count_its_frames(peer):
     """``em.stats`` of a session just opened (a new token: a session of its own) is all zeros; an
     upload and its read then count one batch each way, their bytes and one round trip."""
@@ -915,9 +927,11 @@ def test_a_session_reads_with_the_limits_its_peer_announced():
 
 def test_each_scheme_speaks_its_transport_and_downloads_reuse_their_buffers(remote):
     """``ember://`` is plain frames over TCP and ``ws://`` WebSocket messages (the peer serves both
-    on one port); either way a download of 1 MiB or more lands in a buffer of the connection's,
-    reused once the program has let the last array go."""
+    on one port), each waiting for a reply awake as long as EMBER_SPIN_US says; either way a
+    download of 1 MiB or more lands in a buffer of the connection's, reused once the program has
+    let the last array go."""
     assert remote.engine.connection.transport == {"ember": "tcp", "ws": "websocket"}[remote.scheme]
+    assert remote.engine.spin == tcp.spin_window()  # a wait for a reply polls as EMBER_SPIN_US says
     x = em.asarray(np.arange(1 << 20, dtype=np.float32), device=remote)  # 4 MiB
     first = em.asnumpy(x + 1.0)
     where = first.__array_interface__["data"][0]

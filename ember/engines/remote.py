@@ -589,7 +589,7 @@ def keepalive_window() -> float | None:
     except ValueError:
         window = -1.0
     if not 0 <= window < 1e6:
-        raise ArgumentError(f"EMBER_KEEPALIVE must be a number of seconds ≥ 0 (0: no keepalives), got {text!r}")
+        raise ArgumentError(f"EMBER_KEEPALIVE must be a number of seconds ≥ 0 and under 1000000 (0: no keepalives), got {text!r}")
     return window or None
 
 
