@@ -109,6 +109,7 @@ def test_a_computation_over_tls(tls_peer, pki, scheme):
     np.testing.assert_allclose(em.asnumpy(em.tanh(x @ x.mT / 50) + 1), np.tanh(host @ host.T / 50) + 1)
     with pytest.raises(em.ExecutionError, match="^inv: Singular matrix"):
         em.asnumpy(em.linalg.inv(em.zeros((2, 2), device=d)))
+    assert d.engine.connection.transport == {"embers": "tcp", "wss": "websocket"}[scheme]  # inside TLS
 
 
 def test_large_tensors_travel_both_ways_over_tls(tls_peer, pki, scheme):
