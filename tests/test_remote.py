@@ -873,17 +873,20 @@ def _answering_an_init(reply: bytes | None):
     (wire.encode_frame({"t": "refuse", "kind": "AccessDenied", "reason": "bad token"})[0], em.AccessDenied,
      "refused the session: bad token"),
     (None, em.ConnectionLost, r"^ember://127\.0\.0\.1:\d+/0 did not answer the session's init within 0\.5 s \(EMBER_TIMEOUT\)$"),
-], ids=["large", "unexpected", "unknown kind", "refused", "silent"])
+    (None, tcp.TimedOut, r"^ws://127\.0\.0\.1:\d+: no answer to the WebSocket upgrade within 0\.5 s$"),  # a ConnectionLost
+], ids=["large", "unexpected", "unknown kind", "refused", "silent", "silent to an upgrade"])
 def test_a_client_takes_only_an_info_reply_to_its_init_and_small(monkeypatch, reply, error, message):
     """What answers a client's init is read with the handshake's small limits and within the
     client's timeout (EMBER_TIMEOUT): a reply announcing a large header, a reply of another kind, a
     refusal (as the error its kind names, or a ProtocolError for a kind this client does not know)
-    or silence fails the session at once, naming why, and closes the connection."""
+    or silence (to the init, or to a WebSocket upgrade before it) fails the session at once, naming
+    why, and closes the connection."""
     monkeypatch.setattr(remote_engine, "DEFAULT_TIMEOUT", 0.5)
     port, ended = _answering_an_init(reply)
+    scheme = "ws" if "upgrade" in message else "ember"
     start = time.monotonic()
     with pytest.raises(error, match=message) as refused:
-        em.ones(1, device=em.device(f"ember://127.0.0.1:{port}/0"))
+        em.ones(1, device=em.device(f"{scheme}://127.0.0.1:{port}/0"))
     assert type(refused.value) is error and time.monotonic() - start < 15
     del refused
     for _ in range(100):

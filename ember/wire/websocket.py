@@ -200,14 +200,21 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     protocol = ClientProtocol(parse_uri(f"{scheme}://{authority}{path}"), max_size=_max_size(limits))
     connection = WebSocketConnection(sock, protocol, limits, allocate, timeout)
-    protocol.send_request(protocol.connect())
-    connection._flush()
-    while True:
-        for event in connection._pump():
-            if isinstance(event, Response):
-                if protocol.handshake_exc is not None:
-                    raise ConnectionLost(f"WebSocket handshake with {host}:{port} failed: {protocol.handshake_exc}")
-                return connection
+    try:
+        protocol.send_request(protocol.connect())
+        connection._flush()
+        while True:
+            for event in connection._pump():
+                if isinstance(event, Response):
+                    if protocol.handshake_exc is not None:
+                        raise ConnectionLost(f"WebSocket handshake with {host}:{port} failed: {protocol.handshake_exc}")
+                    return connection
+    except TimedOut:
+        connection.close()
+        raise TimedOut(f"{scheme}://{authority}: no answer to the WebSocket upgrade within {timeout:g} s") from None
+    except ConnectionLost:
+        connection.close()
+        raise
 
 
 def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None, received: bytes = b"",
