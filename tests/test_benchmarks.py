@@ -65,11 +65,15 @@ def test_fleet_baselines_through_the_client_carry_the_tensors(fleet):
 
 
 def test_fleet_rows_carry_the_share_of_cpu_time_the_hypervisor_took(fleet):
-    for row in fleet["rows"]:
-        if sys.platform == "linux":
-            assert 0.0 <= row["stolen"] <= 1.0, row
-        else:
-            assert row["stolen"] is None
+    """On Linux each row carries its share, or None where no clock tick of CPU time was counted while
+    it was timed (stolen_share: nothing to tell; a --quick row can be that short): at least one has
+    a share. Elsewhere none does."""
+    shares = [row["stolen"] for row in fleet["rows"]]
+    if sys.platform == "linux":
+        assert all(share is None or 0.0 <= share <= 1.0 for share in shares), shares
+        assert any(share is not None for share in shares), shares
+    else:
+        assert shares == [None] * len(shares)
 
 
 def test_cpu_ticks_reads_steal_and_the_time_wanted_from_the_first_line_of_proc_stat(tmp_path):
