@@ -9,7 +9,9 @@ an expected frame) are checked last, over a loopback socket pair.
 from __future__ import annotations
 
 import re
+import socket
 import struct
+import threading
 import time
 
 import msgpack
@@ -371,8 +373,6 @@ def test_before_the_handshake_every_frame_is_small():
 
 
 def test_waits_never_pass_a_deadline():
-    import time
-
     from ember.wire.tcp import TimedOut, wait_limit
     assert wait_limit(None, None) is None and wait_limit(5.0, None) == 5.0
     soon = time.monotonic() + 2
@@ -421,8 +421,6 @@ class _WebSocketFar:
 
 def _shell_pair(transport: str):
     """A shell over one end of a loopback TCP connection (its timeout 10 s) and the other end."""
-    import socket
-
     from websockets.client import ClientProtocol
     from websockets.http11 import Response
     from websockets.uri import parse_uri
@@ -476,9 +474,6 @@ def test_frames_of_one_buffer_sent_faster_than_the_far_end_reads_arrive_whole(ke
     which a full socket buffer may cut short: the rest follows, and the count returned is the
     frame's. Fifty such frames of 200 kB, sent through small socket buffers while the far end starts
     reading late, all arrive whole and in order."""
-    import socket
-    import threading
-
     from ember.wire import tcp
     monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", kernel and tcp._KERNEL_TIMEOUTS)
     near, far = _shell_pair("tcp")
@@ -519,9 +514,6 @@ def test_a_connection_made_keeps_the_timeout_limits_and_allocator_it_was_given(t
     """``connect`` of either shell hands its connection what it was given: tensors arrive in the
     allocator's arrays, a wait for bytes ends after the timeout, and a frame over the limits is
     refused naming them. A port nobody listens on is named in the error."""
-    import socket
-    import threading
-
     from ember.wire import tcp, websocket
     module = tcp if transport == "tcp" else websocket
     with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -567,9 +559,6 @@ def test_a_connection_sends_at_once_and_notices_a_vanished_host(transport):
     """Both shells' sockets send small frames at once (no Nagle delay) and keep the connection alive
     where the system lets them tune it: a host that vanishes is noticed after 10 s of silence and
     3 probes 5 s apart, even while nothing is sent."""
-    import socket
-    import threading
-
     from ember.wire import tcp, websocket
     with socket.create_server(("127.0.0.1", 0)) as listener:
         accepted = []
@@ -611,7 +600,6 @@ def test_a_look_for_a_frame_never_waits_and_works_without_poll_too(monkeypatch, 
         monkeypatch.delattr(select, "poll")
     from ember.wire import tcp
     monkeypatch.setattr(tcp, "_KERNEL_TIMEOUTS", False)  # with the kernel's timeouts a look reads instead
-    import threading
     near, far = _shell_pair("tcp")
     watchdog = threading.Timer(10, far.close)  # a look that waits ends, and the test fails
     watchdog.start()
@@ -635,8 +623,6 @@ def test_receives_and_sends_time_out_each_by_its_own_limit(shell_pairs):
     """Plain TCP on 64-bit Linux keeps a blocking socket with the kernel's timeouts (one system call a
     receive); TLS, and other systems, keep Python's. Either way: a receive's timeout is its own,
     the connection's is the default, and a send to a peer that reads nothing times out too."""
-    import time
-
     from ember.wire import tcp
     connection, far = shell_pairs()
     assert connection._kernel is tcp._KERNEL_TIMEOUTS
@@ -668,8 +654,6 @@ def test_receives_and_sends_time_out_each_by_its_own_limit(shell_pairs):
 
 
 def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(shell_pairs):
-    import threading
-
     connection, far = shell_pairs()
     connection.set_timeout(None)  # a peer's --idle-timeout 0
     later = threading.Timer(1.2, lambda: far.sendall(_bytes({"t": "reply", "n": 1})))
@@ -681,8 +665,6 @@ def test_a_connection_without_a_timeout_waits_as_long_as_it_takes(shell_pairs):
 def test_a_receive_never_waits_past_the_connections_deadline(shell_pairs):
     """While a connection has a deadline (a server's handshake), a receive ends there, however long
     its timeout, and a frame that came before it is still received."""
-    import threading
-
     connection, far = shell_pairs()
     connection.deadline = time.monotonic() + 0.5
     far.sendall(_bytes({"t": "init"}))
@@ -701,8 +683,6 @@ def test_a_receive_never_waits_past_the_connections_deadline(shell_pairs):
 def test_small_sends_time_out_once_the_far_end_reads_nothing(shell_pairs):
     """Small frames go in one send each (one buffer): once the far end's buffers are full, a send
     waits the connection's timeout and no longer."""
-    import time
-
     connection, far = shell_pairs()
     connection.set_timeout(0.3)
     small = wire.encode_frame({"t": "batch"}, [np.zeros(2000, np.uint8)])
@@ -715,9 +695,6 @@ def test_small_sends_time_out_once_the_far_end_reads_nothing(shell_pairs):
 
 
 def test_a_spin_wait_sees_a_frame_arrive_and_leaves_it_for_the_receive(shell_pairs):
-    import threading
-    import time
-
     from ember.wire.tcp import spin_wait
     connection, far = shell_pairs()
     data = _bytes({"t": "reply", "n": 0})
@@ -790,8 +767,6 @@ def test_a_look_finds_what_has_come_at_once_and_keeps_finding_it_until_received(
 def test_a_close_ends_a_receive_blocked_in_another_thread_and_closing_again_does_nothing(shell_pairs):
     """A stopping server closes its sessions' connections under their threads: the receive each
     thread is blocked in reports the loss at once; a connection closed twice stays closed quietly."""
-    import threading
-    import time
     connection, far = shell_pairs()
     lost = []
 

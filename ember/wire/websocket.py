@@ -209,11 +209,10 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
                     if protocol.handshake_exc is not None:
                         raise ConnectionLost(f"WebSocket handshake with {host}:{port} failed: {protocol.handshake_exc}")
                     return connection
-    except TimedOut:
+    except ConnectionLost as error:  # TimedOut among them: named with the address and the wait
         connection.close()
-        raise TimedOut(f"{scheme}://{authority}: no answer to the WebSocket upgrade within {timeout:g} s") from None
-    except ConnectionLost:
-        connection.close()
+        if isinstance(error, TimedOut) and timeout is not None:
+            raise TimedOut(f"{scheme}://{authority}: no answer to the WebSocket upgrade within {timeout:g} s") from None
         raise
 
 
