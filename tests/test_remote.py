@@ -130,6 +130,22 @@ def test_a_batch_goes_once_it_holds_batch_ops_ops_or_is_batch_seconds_old(remote
     np.testing.assert_array_equal(em.asnumpy(x + 1.0), [1.0, 1.0, 1.0])
 
 
+def test_a_new_sessions_first_batch_goes_at_batch_ops_too(peer, monkeypatch):
+    """The first batch of a session just opened counts its ops from zero, as every later one does:
+    an op logged (a creation) and BATCH_OPS - 2 ops sent as messages of their own wait; the next
+    one sends the batch."""
+    import uuid
+    monkeypatch.setattr(remote_engine, "BATCH_SECONDS", 60.0)
+    fresh = em.device(peer.url(token=uuid.uuid4().hex))
+    rows = em.zeros((2, 3), device=fresh)  # logged: nothing sent yet
+    parts = [em.unstack(rows) for _ in range(remote_engine.BATCH_OPS - 2)]
+    assert em.stats(fresh)["batches"] == 0
+    parts.append(em.unstack(rows))
+    assert em.stats(fresh)["batches"] == 1
+    np.testing.assert_array_equal(em.asnumpy(parts[-1][1]), np.zeros(3))
+    fresh.engine.close()
+
+
 def test_a_loop_sends_the_same_runs_of_ops_and_the_peer_replays_them_compiled(remote, monkeypatch):
     # batches end by their count alone: a batch older than BATCH_SECONDS (2 ms, a slow moment of a loaded machine)
     # would go early and start the runs after it at another op
