@@ -70,7 +70,8 @@ class WebSocketConnection(SocketShell):
                 raise ConnectionLost(f"connection lost while sending: {error}") from None
 
     def send(self, buffers: list) -> int:
-        """One binary message per frame, sent in fragments of at most 4 MiB (no giant joins)."""
+        """One binary message per frame, sent in fragments: buffers are joined until a fragment holds
+        4 MiB or more, and a buffer is cut every 4 MiB (so no fragment reaches 8 MiB: no giant joins)."""
         if self.protocol.state is not State.OPEN:  # closing already: the other end failed it or said goodbye
             raise ConnectionLost(f"the WebSocket is {self.protocol.state.name.lower()}")
         try:
@@ -111,8 +112,11 @@ class WebSocketConnection(SocketShell):
     def _pump(self, timeout: float | None = None) -> list:
         """The protocol's events from the next bytes that arrive, waiting at most ``timeout``
         seconds (default: the connection's timeout) and never past ``deadline``."""
-        if self.protocol.eof_sent:  # a server failed the connection (an oversized message, a bad request): no waiting
-            raise ConnectionLost(f"the WebSocket closed: {self.protocol.parser_exc or self.protocol.handshake_exc}")
+        protocol = self.protocol
+        # this end failed the connection (an oversized message, a bad request): no waiting — a server has closed its
+        # end, and a client would wait for the server's close (its timeout) though nothing more is read
+        if protocol.eof_sent or protocol.parser_exc is not None:
+            raise ConnectionLost(f"the WebSocket closed: {protocol.parser_exc or protocol.handshake_exc}")
         restore = self._limit_wait(timeout)
         try:
             n = self.sock.recv_into(self._scratch)
