@@ -1063,3 +1063,70 @@ def test_a_refused_websocket_upgrade_is_named_as_refused_not_as_a_timeout():
     assert not isinstance(lost.value, TimedOut)
     assert str(lost.value).startswith(f"WebSocket handshake with 127.0.0.1:{port} failed: ") and "403" in str(lost.value)
     assert closed == [True]
+
+
+def test_a_websocket_server_keeps_what_it_was_given_and_names_a_failed_upgrade():
+    """``websocket.accept`` hands its connection the allocator (tensors arrive in its arrays) and
+    the socket's timeout (a wait after the handshake ends by it), waits for the upgrade no longer
+    than its deadline, and refuses a request that is no WebSocket upgrade, naming the handshake."""
+    from websockets.client import ClientProtocol
+    from websockets.http11 import Response
+    from websockets.uri import parse_uri
+
+    from ember.wire import websocket
+
+    def pair():
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            far = socket.create_connection(listener.getsockname())
+            near, _ = listener.accept()
+        return near, far
+
+    near, far = pair()
+    client = ClientProtocol(parse_uri("ws://127.0.0.1/"))
+    client.send_request(client.connect())
+    far.sendall(b"".join(client.data_to_send()))
+    near.settimeout(0.3)
+    made = []
+
+    def allocate(shape, dtype):
+        made.append(np.empty(shape, dtype))
+        return made[-1]
+    connection = websocket.accept(near, allocate=allocate)
+    watchdog = threading.Timer(5, connection.close)  # a wait without its timeout ends, and the test fails
+    watchdog.start()
+    try:
+        while not any(isinstance(event, Response) for event in client.events_received()):
+            client.receive_data(far.recv(4096))
+        client.send_binary(_bytes({"t": "batch"}, [np.arange(3.0)]))
+        far.sendall(b"".join(client.data_to_send()))
+        frame = connection.receive()
+        assert frame.segments[0] is made[0] and frame.segments[0].tolist() == [0.0, 1.0, 2.0]
+        started = time.monotonic()
+        with pytest.raises(TimedOut):
+            connection.receive()
+        assert time.monotonic() - started < 2
+    finally:
+        watchdog.cancel()
+        connection.close()
+        far.close()
+
+    near, far = pair()
+    near.settimeout(10)
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimedOut):
+            websocket.accept(near, deadline=time.monotonic() + 0.3)  # the client says nothing
+        assert time.monotonic() - started < 2
+    finally:
+        near.close()
+        far.close()
+
+    near, far = pair()
+    near.settimeout(10)
+    try:
+        far.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # no upgrade asked
+        with pytest.raises(errors.ProtocolError, match="^WebSocket handshake failed: "):
+            websocket.accept(near)
+    finally:
+        near.close()
+        far.close()
