@@ -42,6 +42,8 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     # ONNX export and import, judged by their own tests (each row exported, run by onnxruntime, compared)
     "onnx": (["ember/graphs/onnx*.py"], ["tests/test_onnx.py", "tests/test_onnx_import.py"]),
     "wire": (["ember/wire/protocol.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
+    "websocket": (["ember/wire/websocket.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_hardening.py",
+                                              "tests/test_tls.py"]),
     "session": (["ember/remote/session.py"], ["tests/test_session.py", "tests/test_budget.py", "tests/test_fuzz.py",
                                               "tests/test_hardening.py", "tests/test_remote.py",
                                               "tests/test_transfers.py", "tests/test_distributed.py",  # peer to peer
