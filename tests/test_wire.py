@@ -908,10 +908,9 @@ def test_a_websocket_says_what_ended_it(websocket_pairs):
     connection, far = websocket_pairs()
     connection.set_limits(Limits(max_frame_bytes=1 << 16))
     far.sock.sendall(b"\x82\xff" + (1 << 20).to_bytes(8, "big") + b"mask")  # a 1 MiB binary message's header alone
-    started = time.monotonic()
     with pytest.raises(errors.ConnectionLost) as lost:
         connection.receive(timeout=2)
-    assert not isinstance(lost.value, TimedOut) and time.monotonic() - started < 1
+    assert not isinstance(lost.value, TimedOut)  # refused at the header, not waited for
     assert re.fullmatch(rf"the WebSocket closed: frame with {1 << 20} bytes exceeds limit of "
                         rf"{websocket._max_size(Limits(max_frame_bytes=1 << 16))} bytes", str(lost.value))
 
@@ -940,7 +939,12 @@ def test_a_large_frame_goes_in_fragments_that_end_at_the_first_buffer_past_4_mib
     mib = 1 << 20
     with socket.create_server(("127.0.0.1", 0)) as listener:
         accepted = []
-        server = threading.Thread(target=lambda: accepted.append(websocket.accept(listener.accept()[0])))
+
+        def serve():
+            sock, _ = listener.accept()
+            sock.settimeout(10)  # no wait of the test's lasts for ever
+            accepted.append(websocket.accept(sock))
+        server = threading.Thread(target=serve)
         server.start()
         client = websocket.connect("127.0.0.1", listener.getsockname()[1], timeout=10)
         server.join(10)
@@ -1027,10 +1031,9 @@ def test_a_websocket_client_reaches_ipv6_loopback_and_takes_messages_to_its_limi
     server, = accepted
     try:
         server.sock.sendall(b"\x82\x7f" + (1 << 20).to_bytes(8, "big"))  # a server's 1 MiB binary message, its header alone
-        started = time.monotonic()
         with pytest.raises(errors.ConnectionLost) as lost:
             client.receive(timeout=2)
-        assert not isinstance(lost.value, TimedOut) and time.monotonic() - started < 1
+        assert not isinstance(lost.value, TimedOut)  # refused at the header, not waited for
         limit = websocket._max_size(wire.HANDSHAKE_LIMITS)
         assert f"frame with {1 << 20} bytes exceeds limit of {limit} bytes" in str(lost.value)
     finally:
@@ -1104,7 +1107,7 @@ def test_a_websocket_server_keeps_what_it_was_given_and_names_a_failed_upgrade()
         started = time.monotonic()
         with pytest.raises(TimedOut):
             connection.receive()
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 4  # the socket's 0.3 s, well before the watchdog's 5
     finally:
         watchdog.cancel()
         connection.close()
@@ -1116,7 +1119,7 @@ def test_a_websocket_server_keeps_what_it_was_given_and_names_a_failed_upgrade()
     try:
         with pytest.raises(TimedOut):
             websocket.accept(near, deadline=time.monotonic() + 0.3)  # the client says nothing
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5  # the deadline's 0.3 s, not the socket's 10
     finally:
         near.close()
         far.close()
