@@ -1133,3 +1133,53 @@ def test_a_websocket_server_keeps_what_it_was_given_and_names_a_failed_upgrade()
     finally:
         near.close()
         far.close()
+
+
+def test_frames_sent_right_behind_the_websocket_upgrade_are_received():
+    """A client may send its first frame behind its upgrade request without waiting for the
+    response, and a server its first frame behind the response: each arrives in the same read as
+    the handshake and is received, not dropped."""
+    from websockets.client import ClientProtocol
+    from websockets.frames import Frame as WebSocketFrame
+    from websockets.frames import Opcode
+    from websockets.server import ServerProtocol
+    from websockets.uri import parse_uri
+
+    from ember.wire import websocket
+    first = _bytes({"t": "init", "n": 1})
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        far = socket.create_connection(listener.getsockname())
+        near, _ = listener.accept()
+    try:
+        client = ClientProtocol(parse_uri("ws://127.0.0.1/"))
+        client.send_request(client.connect())
+        far.sendall(b"".join(client.data_to_send()) + WebSocketFrame(Opcode.BINARY, first).serialize(mask=True, extensions=[]))
+        near.settimeout(10)
+        connection = websocket.accept(near)
+        assert connection.receive().header == {"t": "init", "n": 1}
+    finally:
+        near.close()
+        far.close()
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def answer():  # a server that sends its first frame in the same write as its response
+            sock, _ = listener.accept()
+            sock.settimeout(10)
+            server = ServerProtocol()
+            while not (events := server.events_received()):
+                server.receive_data(sock.recv(4096))
+            server.send_response(server.accept(events[0]))
+            sock.sendall(b"".join(server.data_to_send()) + WebSocketFrame(Opcode.BINARY, first).serialize(mask=False,
+                                                                                                           extensions=[]))
+            served.append(sock)
+        served = []
+        thread = threading.Thread(target=answer)
+        thread.start()
+        connection = websocket.connect("127.0.0.1", listener.getsockname()[1], timeout=10)
+        thread.join(10)
+    try:
+        assert connection.receive(timeout=5).header == {"t": "init", "n": 1}
+    finally:
+        connection.close()
+        for sock in served:
+            sock.close()

@@ -208,10 +208,12 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
         protocol.send_request(protocol.connect())
         connection._flush()
         while True:
-            for event in connection._pump():
+            arrived = connection._pump()
+            for at, event in enumerate(arrived):
                 if isinstance(event, Response):
                     if protocol.handshake_exc is not None:
                         raise ConnectionLost(f"WebSocket handshake with {host}:{port} failed: {protocol.handshake_exc}")
+                    connection._deliver(arrived[at + 1:])  # frames sent behind the response, in the same read
                     return connection
     except ConnectionLost as error:  # TimedOut among them: named with the address and the wait
         connection.close()
@@ -234,11 +236,12 @@ def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None, receiv
     connection.deadline = deadline
     while True:
         arrived, events = events or connection._pump(), []
-        for event in arrived:
+        for at, event in enumerate(arrived):
             if isinstance(event, Request):
                 response = protocol.accept(event)
                 protocol.send_response(response)
                 connection._flush()
                 if protocol.handshake_exc is not None:
                     raise ProtocolError(f"WebSocket handshake failed: {protocol.handshake_exc}")
+                connection._deliver(arrived[at + 1:])  # frames a client sent behind its request, in the same read
                 return connection
