@@ -1136,9 +1136,9 @@ def test_a_websocket_server_keeps_what_it_was_given_and_names_a_failed_upgrade()
 
 
 def test_frames_sent_right_behind_the_websocket_upgrade_are_received():
-    """A client may send its first frame behind its upgrade request without waiting for the
-    response, and a server its first frame behind the response: each arrives in the same read as
-    the handshake and is received, not dropped."""
+    """A server may send its first frame right behind its upgrade response, and a hasty client its
+    first behind its request (RFC 6455 asks it to wait): each arrives in the same read as the
+    handshake and is received, not dropped."""
     from websockets.client import ClientProtocol
     from websockets.frames import Frame as WebSocketFrame
     from websockets.frames import Opcode
