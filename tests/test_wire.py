@@ -1138,7 +1138,8 @@ def test_a_websocket_server_keeps_what_it_was_given_and_names_a_failed_upgrade()
 def test_frames_sent_right_behind_the_websocket_upgrade_are_received():
     """A server may send its first frame right behind its upgrade response, and a hasty client its
     first behind its request (RFC 6455 asks it to wait): each arrives in the same read as the
-    handshake and is received, not dropped."""
+    handshake and is received, not dropped. A text message there is refused as it would be later,
+    and ``connect`` closes its socket."""
     from websockets.client import ClientProtocol
     from websockets.frames import Frame as WebSocketFrame
     from websockets.frames import Opcode
@@ -1161,25 +1162,39 @@ def test_frames_sent_right_behind_the_websocket_upgrade_are_received():
         near.close()
         far.close()
 
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        def answer():  # a server that sends its first frame in the same write as its response
-            sock, _ = listener.accept()
-            sock.settimeout(10)
-            server = ServerProtocol()
-            while not (events := server.events_received()):
-                server.receive_data(sock.recv(4096))
-            server.send_response(server.accept(events[0]))
-            sock.sendall(b"".join(server.data_to_send()) + WebSocketFrame(Opcode.BINARY, first).serialize(mask=False,
-                                                                                                           extensions=[]))
-            served.append(sock)
-        served = []
-        thread = threading.Thread(target=answer)
-        thread.start()
-        connection = websocket.connect("127.0.0.1", listener.getsockname()[1], timeout=10)
-        thread.join(10)
-    try:
-        assert connection.receive(timeout=5).header == {"t": "init", "n": 1}
-    finally:
-        connection.close()
-        for sock in served:
-            sock.close()
+    def connect_behind(frame: bytes):
+        """``connect`` to a server that sends ``frame`` in the same write as its response:
+        (the connection or the error connect raised, whether the server saw the client close)."""
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            def answer():
+                sock, _ = listener.accept()
+                with sock:
+                    sock.settimeout(10)
+                    server = ServerProtocol()
+                    while not (events := server.events_received()):
+                        server.receive_data(sock.recv(4096))
+                    server.send_response(server.accept(events[0]))
+                    sock.sendall(b"".join(server.data_to_send()) + frame)
+                    while sock.recv(4096):  # a close frame, perhaps, then the client's end of the stream
+                        pass
+                    closed.append(True)
+            closed = []
+            thread = threading.Thread(target=answer)
+            thread.start()
+            try:
+                made = websocket.connect("127.0.0.1", listener.getsockname()[1], timeout=10)
+            except errors.EmberError as error:
+                made = error
+            if not isinstance(made, errors.EmberError):
+                try:
+                    assert made.receive(timeout=5).header == {"t": "init", "n": 1}
+                finally:
+                    made.close()
+            thread.join(10)
+        return made, closed
+
+    made, _ = connect_behind(WebSocketFrame(Opcode.BINARY, first).serialize(mask=False, extensions=[]))
+    assert not isinstance(made, errors.EmberError)
+    # a text message behind the response: refused, and the client's socket closed
+    made, closed = connect_behind(WebSocketFrame(Opcode.TEXT, b"hello").serialize(mask=False, extensions=[]))
+    assert isinstance(made, errors.ProtocolError) and "text WebSocket messages" in str(made) and closed == [True]

@@ -215,7 +215,7 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
                         raise ConnectionLost(f"WebSocket handshake with {host}:{port} failed: {protocol.handshake_exc}")
                     connection._deliver(arrived[at + 1:])  # frames sent behind the response, in the same read
                     return connection
-    except ConnectionLost as error:  # TimedOut among them: named with the address and the wait
+    except (ConnectionLost, ProtocolError) as error:  # TimedOut among them: named with the address and the wait
         connection.close()
         if isinstance(error, TimedOut) and timeout is not None:
             raise TimedOut(f"{scheme}://{authority}: no answer to the WebSocket upgrade within {timeout:g} s") from None
