@@ -419,22 +419,34 @@ class _WebSocketFar:
         self.sock.close()
 
 
-def _shell_pair(transport: str):
-    """A shell over one end of a loopback TCP connection (its timeout 10 s) and the other end."""
-    from websockets.client import ClientProtocol
-    from websockets.http11 import Response
-    from websockets.uri import parse_uri
-
-    from ember.wire import websocket
-    from ember.wire.tcp import TcpConnection
+def _loopback_pair() -> tuple[socket.socket, socket.socket]:
+    """The two ends of a loopback TCP connection: the accepted one, and the one that connected."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         far = socket.create_connection(listener.getsockname())
         near, _ = listener.accept()
-    if transport == "tcp":
-        return TcpConnection(near, timeout=10), far
+    return near, far
+
+
+def _upgrade_request():
+    """A hand-driven WebSocket client's protocol, and the bytes of its upgrade request."""
+    from websockets.client import ClientProtocol
+    from websockets.uri import parse_uri
     client = ClientProtocol(parse_uri("ws://127.0.0.1/"))
     client.send_request(client.connect())
-    far.sendall(b"".join(client.data_to_send()))  # the upgrade request, before the server reads it
+    return client, b"".join(client.data_to_send())
+
+
+def _shell_pair(transport: str):
+    """A shell over one end of a loopback TCP connection (its timeout 10 s) and the other end."""
+    from websockets.http11 import Response
+
+    from ember.wire import websocket
+    from ember.wire.tcp import TcpConnection
+    near, far = _loopback_pair()
+    if transport == "tcp":
+        return TcpConnection(near, timeout=10), far
+    client, request = _upgrade_request()
+    far.sendall(request)  # the upgrade request, before the server reads it
     near.settimeout(10)
     connection = websocket.accept(near)
     while not any(isinstance(event, Response) for event in client.events_received()):
@@ -937,17 +949,9 @@ def test_a_large_frame_goes_in_fragments_that_end_at_the_first_buffer_past_4_mib
     4 MiB; the far end receives the frame whole."""
     from ember.wire import websocket
     mib = 1 << 20
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        accepted = []
-
-        def serve():
-            sock, _ = listener.accept()
-            sock.settimeout(10)  # no wait of the test's lasts for ever
-            accepted.append(websocket.accept(sock))
-        server = threading.Thread(target=serve)
-        server.start()
-        client = websocket.connect("127.0.0.1", listener.getsockname()[1], timeout=10)
-        server.join(10)
+    port, server, accepted = _one_connection()
+    client = websocket.connect("127.0.0.1", port, timeout=10)
+    server.join(10)
     near, = accepted
     sent = []
     for name in ("send_binary", "send_continuation"):
@@ -1072,22 +1076,12 @@ def test_a_websocket_server_keeps_what_it_was_given_and_names_a_failed_upgrade()
     """``websocket.accept`` hands its connection the allocator (tensors arrive in its arrays) and
     the socket's timeout (a wait after the handshake ends by it), waits for the upgrade no longer
     than its deadline, and refuses a request that is no WebSocket upgrade, naming the handshake."""
-    from websockets.client import ClientProtocol
     from websockets.http11 import Response
-    from websockets.uri import parse_uri
 
     from ember.wire import websocket
-
-    def pair():
-        with socket.create_server(("127.0.0.1", 0)) as listener:
-            far = socket.create_connection(listener.getsockname())
-            near, _ = listener.accept()
-        return near, far
-
-    near, far = pair()
-    client = ClientProtocol(parse_uri("ws://127.0.0.1/"))
-    client.send_request(client.connect())
-    far.sendall(b"".join(client.data_to_send()))
+    near, far = _loopback_pair()
+    client, request = _upgrade_request()
+    far.sendall(request)
     near.settimeout(0.3)
     made = []
 
@@ -1113,7 +1107,7 @@ def test_a_websocket_server_keeps_what_it_was_given_and_names_a_failed_upgrade()
         connection.close()
         far.close()
 
-    near, far = pair()
+    near, far = _loopback_pair()
     near.settimeout(10)
     started = time.monotonic()
     try:
@@ -1124,7 +1118,7 @@ def test_a_websocket_server_keeps_what_it_was_given_and_names_a_failed_upgrade()
         near.close()
         far.close()
 
-    near, far = pair()
+    near, far = _loopback_pair()
     near.settimeout(10)
     try:
         far.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # no upgrade asked
@@ -1140,21 +1134,15 @@ def test_frames_sent_right_behind_the_websocket_upgrade_are_received():
     first behind its request (RFC 6455 asks it to wait): each arrives in the same read as the
     handshake and is received, not dropped. A text message there is refused as it would be later,
     and ``connect`` closes its socket."""
-    from websockets.client import ClientProtocol
     from websockets.frames import Frame as WebSocketFrame
     from websockets.frames import Opcode
     from websockets.server import ServerProtocol
-    from websockets.uri import parse_uri
 
     from ember.wire import websocket
     first = _bytes({"t": "init", "n": 1})
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        far = socket.create_connection(listener.getsockname())
-        near, _ = listener.accept()
+    near, far = _loopback_pair()
     try:
-        client = ClientProtocol(parse_uri("ws://127.0.0.1/"))
-        client.send_request(client.connect())
-        far.sendall(b"".join(client.data_to_send()) + WebSocketFrame(Opcode.BINARY, first).serialize(mask=True, extensions=[]))
+        far.sendall(_upgrade_request()[1] + WebSocketFrame(Opcode.BINARY, first).serialize(mask=True, extensions=[]))
         near.settimeout(10)
         connection = websocket.accept(near)
         assert connection.receive().header == {"t": "init", "n": 1}

@@ -207,14 +207,11 @@ def connect(host: str, port: int, limits: Limits = Limits(), timeout: float | No
     try:
         protocol.send_request(protocol.connect())
         connection._flush()
-        while True:
-            arrived = connection._pump()
-            for at, event in enumerate(arrived):
-                if isinstance(event, Response):
-                    if protocol.handshake_exc is not None:
-                        raise ConnectionLost(f"WebSocket handshake with {host}:{port} failed: {protocol.handshake_exc}")
-                    connection._deliver(arrived[at + 1:])  # frames sent behind the response, in the same read
-                    return connection
+        behind = _handshake(connection, Response)[1]
+        if protocol.handshake_exc is not None:
+            raise ConnectionLost(f"WebSocket handshake with {host}:{port} failed: {protocol.handshake_exc}")
+        connection._deliver(behind)
+        return connection
     except (ConnectionLost, ProtocolError) as error:  # TimedOut among them: named with the address and the wait
         connection.close()
         if isinstance(error, TimedOut) and timeout is not None:
@@ -234,14 +231,21 @@ def accept(sock: socket.socket, limits: Limits = Limits(), allocate=None, receiv
         events = protocol.events_received()  # the whole request may be there already
     connection = WebSocketConnection(sock, protocol, limits, allocate, sock.gettimeout())  # the server's, until the session's
     connection.deadline = deadline
+    request, behind = _handshake(connection, Request, events)
+    protocol.send_response(protocol.accept(request))
+    connection._flush()
+    if protocol.handshake_exc is not None:
+        raise ProtocolError(f"WebSocket handshake failed: {protocol.handshake_exc}")
+    connection._deliver(behind)
+    return connection
+
+
+def _handshake(connection: WebSocketConnection, kind: type, events: list = ()) -> tuple:
+    """The handshake's ``kind`` of event (the client's Request, or the server's Response), read
+    from ``events`` and then the connection, and the events that came behind it in the same read:
+    frames the other end sent without waiting, which the caller delivers once the handshake is done."""
     while True:
         arrived, events = events or connection._pump(), []
         for at, event in enumerate(arrived):
-            if isinstance(event, Request):
-                response = protocol.accept(event)
-                protocol.send_response(response)
-                connection._flush()
-                if protocol.handshake_exc is not None:
-                    raise ProtocolError(f"WebSocket handshake failed: {protocol.handshake_exc}")
-                connection._deliver(arrived[at + 1:])  # frames a client sent behind its request, in the same read
-                return connection
+            if isinstance(event, kind):
+                return event, arrived[at + 1:]
