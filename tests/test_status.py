@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ember as em
+from ember.wire import protocol as wire
 
 from .peers import Peer
 from .test_tls import pki  # noqa: F401  (a fixture: the throwaway CA)
@@ -170,6 +171,33 @@ def test_bad_requests_are_answered_at_once(guarded):
     remote = em.device(guarded.url(token=TOKEN))  # the peer serves sessions as before
     assert float(em.sum(em.ones(3, device=remote))) == 3.0 and guarded.tracebacks == 0
     remote.engine.close()
+
+
+def test_a_request_whose_first_bytes_come_one_at_a_time_is_told_from_a_frame(guarded):
+    """The peer tells HTTP, TLS and ember's frames apart by a connection's first four bytes; a slow
+    link or a hand at a terminal may send fewer first. Each request here is answered as HTTP, and an
+    ember client's handshake cut the same way still opens a session."""
+    host, port = guarded.address.rsplit(":", 1)
+    request = b"GET /status.json HTTP/1.1\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n\r\n"
+    for first in (1, 2, 3):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            for i in range(first):
+                sock.sendall(request[i:i + 1])
+                time.sleep(0.05)  # each byte its own segment, read by the peer before the next
+            sock.sendall(request[first:])
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 200 OK") and b'"sessions"' in received, (first, received[:80])
+    init = wire.encode_frame({"t": "init", "v": wire.VERSION, "device": 0, "token": TOKEN})
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        data = b"".join(bytes(part) for part in init)
+        sock.sendall(data[:2])
+        time.sleep(0.05)
+        sock.sendall(data[2:])
+        reply = wire.FrameReader().feed(sock.recv(65536))
+    assert reply[0].header["t"] == "info", reply
+    assert guarded.tracebacks == 0
 
 
 def test_ember_top_prints_the_sessions(guarded):

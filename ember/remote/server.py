@@ -269,8 +269,7 @@ class Server:
         first (when served and when the client starts it), then TCP, WebSocket or a plain HTTP
         request (answered here: the connection is then None) by the first bytes. Also whether the
         client skipped the TLS this peer requires."""
-        sock.settimeout(wait_limit(None, deadline))
-        first = sock.recv(4, socket.MSG_PEEK)
+        first = _peek(sock, 4, deadline)
         received = b""
         tls = self.tls is not None and first[:1] == HANDSHAKE_RECORD
         try:
@@ -540,6 +539,19 @@ def _writable(sock: socket.socket) -> bool:
 def _format_address(address) -> str:
     host, port = address[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _peek(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """The first ``n`` bytes the client sent, left in the socket for whoever reads it next (fewer
+    where it closed its end first). A request's first segment may hold fewer than the four bytes
+    that tell TLS, HTTP and ember's frames apart (a slow link, a proxy, a hand at a terminal): the
+    rest is awaited until ``deadline``, in short sleeps, since the socket stays readable meanwhile."""
+    sock.settimeout(wait_limit(None, deadline))
+    first = sock.recv(n, socket.MSG_PEEK)
+    while 0 < len(first) < n:
+        time.sleep(min(0.001, wait_limit(None, deadline)))
+        first = sock.recv(n, socket.MSG_PEEK)
+    return first
 
 
 def _receive_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
