@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import select
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 
 import msgpack
@@ -28,8 +30,9 @@ from ember.devices import RemoteDevice
 from ember.engines.remote import connect, keepalive_window
 from ember.remote.access import BAD_TOKEN, TokenFile
 from ember.remote.session import BufferPool, Host, hosted_devices
+from ember.remote.transfers import CAPABILITY_BYTES
 from ember.wire import protocol as wire
-from ember.wire import websocket
+from ember.wire import tcp, websocket
 
 from .conftest import REMOTE_SCHEMES
 from .peers import Peer
@@ -629,3 +632,89 @@ def _alive(pid: int) -> bool:
         return open(f"/proc/{pid}/status").read().split("State:")[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+def test_a_tensor_past_the_sessions_quota_is_dropped_as_it_arrives_and_the_session_goes_on():
+    """Once a session is open the peer receives its tensors into buffers counted against its quota
+    and the peer's budget (the session's allocator): one past the quota is read and dropped as it
+    arrives, never held whole in the peer's memory, and the session and its tensors go on."""
+    quota = 32 << 20
+    kept = np.arange(1000.0)
+    with Peer("--max-session-bytes", str(quota)) as peer, RawSession(peer.address, timeout=30) as session:
+        assert session.batch(("put", 1, 0), ("sync", 2), segments=[kept]).header["m"] == (("ok", 2),)
+        before = memory_mb(peer.pid)
+        reply = session.batch(("put", 3, 0), ("sync", 4), segments=[np.ones(32 << 20)])  # 256 MiB of float64
+        after = memory_mb(peer.pid)
+        print(f"\nFIGURE a 256 MiB tensor past a 32 MiB session quota: VmHWM {before['VmHWM']:.0f} -> "
+              f"{after['VmHWM']:.0f} MB")
+        (error,) = reply.header["m"]
+        assert error[:3] == ("error", 4, "ResourceLimitError"), error
+        assert f"put of tensor 3: {256 << 20} more bytes would exceed this session's quota of {quota} bytes" in error[3]
+        assert after["VmHWM"] - before["VmHWM"] < 32
+        got = session.batch(("get", 5, 1), ("sync", 6))
+        assert got.header["m"] == (("data", 5, 0), ("ok", 6))
+        np.testing.assert_array_equal(got.segments[0], kept)
+        assert not serious_log_lines(peer)
+
+
+def test_a_fetch_of_a_capability_never_granted_waits_no_longer_than_the_handshake_and_costs_no_cpu():
+    """A fetch is the one connection a peer keeps waiting before it answers (its capability may be
+    granted a moment later, by a session on another thread): it waits no longer than the handshake's
+    deadline, asleep, then is refused as one to try again."""
+    with Peer("--handshake-timeout", "1") as peer:
+        host, port = peer.address.rsplit(":", 1)
+        connection = tcp.connect(host, int(port), timeout=10)
+        try:
+            cpu, start = cpu_seconds(peer.pid), time.monotonic()
+            connection.send(wire.encode_frame({"t": "fetch", "v": wire.VERSION, "session": "s",
+                                               "capability": secrets.token_bytes(CAPABILITY_BYTES)}))
+            answer = connection.receive().header
+            seconds, used = time.monotonic() - start, cpu_seconds(peer.pid) - cpu
+        finally:
+            connection.close()
+        assert answer["t"] == "refuse" and answer["kind"] == "AccessDenied" and answer["retry"], answer
+        assert "unknown capability" in answer["reason"]
+        assert 0.5 < seconds < 1 + PROMPT and used < 0.5, (seconds, used)  # from the connection's accept
+        assert not serious_log_lines(peer)
+
+
+def test_a_peer_forgets_each_closed_session_and_reports_its_quota_as_the_budget_allows():
+    """A long-running peer holds nothing of a session once it has closed: not its connection, not its
+    place among the links the heartbeat beats (every client asks for keepalives by default). A
+    session's quota is never reported larger than the whole peer's memory budget."""
+    with em.Server("numpy", "127.0.0.1:0", max_memory=64 << 20) as server:
+        for _ in range(3):
+            device = device_of(f"ember://{server.address}/0")
+            assert float(em.sum(em.ones(3, device=device))) == 3.0
+            assert device.engine.info["keepalive"] and device.engine.info["limits"]["max_session_bytes"] == 64 << 20
+            device.engine.close()
+        def left() -> tuple:  # the shell's own sets, emptied as each session's thread ends
+            return server.stats()["sessions"], len(server._links), len(server._heartbeat.links)
+
+        deadline = time.monotonic() + 5
+        while any(left()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert left() == (0, 0, 0)
+
+
+def test_a_stopped_peer_leaves_no_fetch_waiting_for_a_grant():
+    """A fetch waits for its grant (up to FETCH_SECONDS) on a thread of its own; stopping the peer
+    ends that wait at once, so an in-process server leaves no thread waiting, or spinning, after it."""
+    server = em.Server("numpy", "127.0.0.1:0").start()
+    try:
+        with RawSession(server.address) as session:
+            host, port = server.address.rsplit(":", 1)
+            fetch = ("fetch", 7, em.float64, (4,), "ember", host, int(port), secrets.token_bytes(CAPABILITY_BYTES),
+                     session.info["peer"])  # from this very peer: a local fetch, of a capability never granted
+            session.connection.send(wire.encode_frame({"t": "batch", "m": (fetch,)}))  # no reply: a sync would wait
+            deadline, fetching = time.monotonic() + 5, []
+            while not fetching and time.monotonic() < deadline:
+                time.sleep(0.01)
+                fetching = [thread for thread in threading.enumerate() if thread.name == "ember-fetch"]
+            assert fetching
+            server.stop()
+            for thread in fetching:
+                thread.join(timeout=2)
+            assert not any(thread.is_alive() for thread in fetching)
+    finally:
+        server.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -198,6 +199,17 @@ def test_a_request_whose_first_bytes_come_one_at_a_time_is_told_from_a_frame(gua
         reply = wire.FrameReader().feed(sock.recv(65536))
     assert reply[0].header["t"] == "info", reply
     assert guarded.tracebacks == 0
+
+
+def test_a_head_is_answered_with_the_gets_headers_and_no_body(guarded):
+    """HEAD mirrors GET without its body: read off the socket (a client library would drop a body
+    that followed, and hide the fault)."""
+    request = b" /status.json HTTP/1.1\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n\r\n"
+    head, _, body = raw_answer(guarded, b"HEAD" + request).partition(b"\r\n\r\n")
+    got_head, _, got_body = raw_answer(guarded, b"GET" + request).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and body == b"", (head, body[:40])
+    length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+    assert length > 0 and len(got_body) == int(re.search(rb"Content-Length: (\d+)", got_head).group(1))
 
 
 def test_ember_top_prints_the_sessions(guarded):

@@ -4,6 +4,7 @@ throwaway CA (trustme), which the system's store does not trust."""
 from __future__ import annotations
 
 import datetime
+import secrets
 import socket
 import subprocess
 import sys
@@ -17,6 +18,9 @@ import pytest
 import trustme
 
 import ember as em
+from ember.remote.transfers import CAPABILITY_BYTES
+from ember.wire import protocol as wire
+from ember.wire import tcp
 
 from .peers import Peer
 from .test_remote import free_port, nothing_listens
@@ -244,6 +248,22 @@ def test_a_plain_client_of_a_tls_peer_is_refused_at_once(tls_peer, plain, monkey
     start = time.monotonic()
     with pytest.raises(em.TLSError, match="this peer requires TLS: connect with embers:// .TCP. or wss://"):
         em.ones(1, device=em.device(tls_peer.url(plain)))
+    assert time.monotonic() - start < PROMPT
+
+
+def test_a_plain_fetch_from_a_tls_peer_is_refused_before_its_capability_is_looked_at(tls_peer):
+    """Another peer fetching a granted tensor must come over TLS too, or the tensor would cross the
+    network in the clear: a plain fetch is refused at once as a TLS error, whatever it presents."""
+    host, port = tls_peer.address.rsplit(":", 1)
+    connection = tcp.connect(host, int(port), timeout=5)
+    start = time.monotonic()
+    try:
+        connection.send(wire.encode_frame({"t": "fetch", "v": wire.VERSION, "session": "s",
+                                           "capability": secrets.token_bytes(CAPABILITY_BYTES)}))
+        answer = connection.receive().header
+    finally:
+        connection.close()
+    assert answer["t"] == "refuse" and answer["kind"] == "TLSError" and "this peer requires TLS" in answer["reason"], answer
     assert time.monotonic() - start < PROMPT
 
 
