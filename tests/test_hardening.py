@@ -718,3 +718,24 @@ def test_a_stopped_peer_leaves_no_fetch_waiting_for_a_grant():
             assert not any(thread.is_alive() for thread in fetching)
     finally:
         server.stop()
+
+
+def test_connections_that_stop_inside_their_first_four_bytes_cost_little_and_end_at_the_deadline():
+    """The peer waits for a connection's first four bytes (they tell TLS, HTTP and frames apart)
+    within the handshake's deadline, in sleeps that lengthen: sixteen clients that send one byte
+    and stop cost it milliseconds of CPU, and are closed at the deadline."""
+    with Peer("--handshake-timeout", "2") as peer:
+        host, port = peer.address.rsplit(":", 1)
+        cpu, start = cpu_seconds(peer.pid), time.monotonic()
+        sockets = [socket.create_connection((host, int(port)), timeout=10) for _ in range(16)]
+        try:
+            for sock in sockets:
+                sock.sendall(b"G")
+            assert all(closes(sock) for sock in sockets)
+            seconds, used = time.monotonic() - start, cpu_seconds(peer.pid) - cpu
+        finally:
+            for sock in sockets:
+                sock.close()
+        print(f"\nFIGURE 16 connections stopped after one byte: closed after {seconds:.2f} s, {used * 1e3:.0f} ms of CPU")
+        assert 1.5 < seconds < 2 + PROMPT and used < 0.1, (seconds, used)
+        assert float(em.sum(em.ones(3, device=device_of(peer.url())))) == 3.0 and not serious_log_lines(peer)
