@@ -61,6 +61,10 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "client": (["ember/engines/remote.py", "ember/wire/tcp.py"],
                ["tests/test_remote.py", "tests/test_wire.py", "tests/test_tls.py", "tests/test_transfers.py",
                 "tests/test_hardening.py", "tests/test_capture.py", "tests/test_distributed.py"]),
+    # who may open a session (authorizers, tokens files) and the HTTP status paths: the parts of the peer's shell that
+    # also run in this process (the rest of server.py runs in `ember serve` children: docs/testing.md plants it by hand)
+    "access": (["ember/remote/access.py", "ember/remote/http.py", "ember/remote/status.py"],
+               ["tests/test_status.py", "tests/test_hardening.py", "tests/test_tls.py"]),
     # the rows' own rules (meta, canon, gradient, scratch), judged by the tests generated from the table
     "op-rules": ([f"ember/ops/{name}.py" for name in ("creation", "elementwise", "fft", "indexing", "linalg",
                                                        "manipulation", "nn", "reductions")],
