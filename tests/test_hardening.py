@@ -28,7 +28,7 @@ import pytest
 import ember as em
 from ember.devices import RemoteDevice
 from ember.engines.remote import connect, keepalive_window
-from ember.remote.access import BAD_TOKEN, TokenFile
+from ember.remote.access import BAD_TOKEN, TokenFile, single_token
 from ember.remote.session import BufferPool, Host, hosted_devices
 from ember.remote.transfers import CAPABILITY_BYTES
 from ember.wire import protocol as wire
@@ -480,15 +480,35 @@ def test_authorizer_contract_sans_io():
 
 def test_a_tokens_file_authorizer_sans_io(tmp_path):
     path = tmp_path / "tokens"
-    path.write_text(f"alice {ALICE}\nbob {BOB} 1 2,3\n# carol {CAROL}\n")
+    path.write_text(f"# name token devices\n\nalice {ALICE}\n  # carol {CAROL}\nbob {BOB} 1 2,3\n")  # skipped lines between
     tokens = TokenFile.load(path)
     assert [(c.name, c.devices) for c in tokens.clients] == [("alice", None), ("bob", frozenset({1, 2, 3}))]
+    with pytest.raises(em.ArgumentError, match="^a tokens file must name at least one client$"):
+        TokenFile([])  # built in code rather than loaded
+    with pytest.raises(em.AccessDenied, match=f"^{re.escape(BAD_TOKEN)}$"):
+        single_token(ALICE)("a:1", BOB, 0)  # the authorizer of --token-file
     assert tokens("a:1", ALICE, 5) == "alice" and tokens("a:1", BOB, 3) == "bob"
     for token, device, reason in ((BOB, 0, "client bob may not use device 0; its devices are 1, 2, 3"),
                                   (BOB, True, "client bob may not use device True"), (CAROL, 0, BAD_TOKEN),
                                   (ALICE.encode(), 0, BAD_TOKEN), (("x",), 0, BAD_TOKEN), (None, 0, BAD_TOKEN)):
         with pytest.raises(em.AccessDenied, match=re.escape(reason)):
             tokens("a:1", token, device)
+    assert single_token(ALICE)("a:1", ALICE, 0) is None  # admitted, named by the address
+
+
+def test_a_tokens_file_is_read_as_utf8_whatever_the_locale(tmp_path):
+    """A tokens file written in UTF-8 (a name with an accent) read by a peer whose locale is plain C
+    (no UTF-8 mode, no coercion: Python's default encoding there is ASCII)."""
+    path = tmp_path / "tokens"
+    path.write_text(f"zoë {ALICE}\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUTF8", "LANG", "LC_CTYPE")}
+    program = ("import codecs, locale, sys; from ember.remote.access import TokenFile; "
+               "encoding = codecs.lookup(locale.getpreferredencoding(False)).name; "
+               "print(encoding, ascii(TokenFile.load(sys.argv[1]).clients[0].name))")
+    read = subprocess.run([sys.executable, "-X", "utf8=0", "-c", program, str(path)], capture_output=True, text=True,
+                          timeout=60, env={**env, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0"})
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.split() == ["ascii", r"'zo\xeb'"]  # ASCII by default, and the name read whole
 
 
 @pytest.mark.parametrize("text, message", [
@@ -518,7 +538,9 @@ def test_one_token_or_a_tokens_file_not_both(tmp_path):
     assert result.returncode == 2 and "not allowed with argument" in result.stderr
     result = subprocess.run([sys.executable, "-m", "ember.cli", "serve", "--tokens-file", str(tmp_path / "none")],
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "cannot read the tokens file" in result.stderr
+    assert result.returncode == 2 and f"cannot read the tokens file {tmp_path / 'none'}: " in result.stderr
+    with pytest.raises(em.ArgumentError, match="cannot read the tokens file .*No such file"):
+        TokenFile.load(tmp_path / "none")
 
 
 # --- point 5: a hung peer is detected, a busy one is not -------------------------------------------

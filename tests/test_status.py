@@ -401,7 +401,9 @@ class _ArrivingSocket:
 
     def recv(self, n):
         piece = self.pieces.pop(0) if self.pieces else b""
-        assert len(piece) <= n, "more bytes than the head's limit asked for"
+        if len(piece) > n:  # what is not asked for stays in the socket
+            piece, rest = piece[:n], piece[n:]
+            self.pieces.insert(0, rest)
         return piece
 
 
@@ -434,16 +436,215 @@ def test_a_head_reads_the_same_in_any_pieces(cuts):
     assert upgrade.upgrade
 
 
-@pytest.mark.parametrize("request_head, status", [
-    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", 414),                     # the request line past websockets' limit
-    (b"HEAD /" + b"a" * 9000, 414),                                           # … still arriving
-    (b"GET / HTTP/1.1\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n", 431),          # a header line past it
-    (b"GET / HTTP/1.1\r\n" + b"X-Header: 1\r\n" * 70 + b"\r\n", 431),           # more headers than ember reads
-    (b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405),
-    (b"GET / FOO\r\n\r\n", 400),                                                # not HTTP
-    (b"HEAD / HTTP/1.1\r\nno colon here\r\n\r\n", 400),                          # a header that is not one
+LINE_TOO_LONG = r"read \d+ bytes, expected no more than 8192 bytes|line too long"  # websockets 17 | 16 says
+
+
+@pytest.mark.parametrize("request_head, status, says, method, path", [
+    # the request line past websockets' limit, whole or still arriving
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", 414, LINE_TOO_LONG, "GET", "/" + "a" * 9000),
+    (b"HEAD /" + b"a" * 9000, 414, LINE_TOO_LONG, "HEAD", ""),
+    (b"GET / HTTP/1.1\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n", 431, LINE_TOO_LONG, "GET", "/"),
+    (b"GET / HTTP/1.1\r\n" + b"X-Header: 1\r\n" * 65 + b"\r\n", 431, "a request has at most 64 headers", "GET", "/"),
+    # short lines, but more of them than a head may hold
+    (b"HEAD /x HTTP/1.1\r\n" + (b"X-Header: " + b"a" * 400 + b"\r\n") * 50, 431, "a request's head is at most 16384 bytes",
+     "HEAD", "/x"),
+    (b"POST /up HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405, "only GET and HEAD are served here", "POST", "/up"),
+    (b"GET / FOO\r\n\r\n", 400, "not a request this peer reads: .+", "GET", "/"),  # not HTTP
+    (b"POST\t/ HTTP/1.1\r\n\r\n", 400, "not a request this peer reads: .+", "POST\t/", ""),  # no method: a tab is no space
+    (b"HEAD / HTTP/1.1\r\nno colon here\r\n\r\n", 400, "not a request this peer reads: .+", "HEAD", "/"),
 ])
-def test_a_head_past_a_limit_or_unreadable_is_refused_by_its_status(request_head, status):
+def test_a_head_past_a_limit_or_unreadable_is_refused_by_its_status(request_head, status, says, method, path):
+    """Refused with the status and the reason a client is shown, the method kept (a HEAD is answered
+    without a body) and the path as far as it arrived (the log shows it)."""
+    from ember.remote.http import MAX_HEAD_BYTES
     for cuts in ([], range(1, len(request_head), 1000), [1, 2, 3, 4, 5, 6]):
-        refusal = _read(request_head, cuts).refusal
+        request = _read(request_head, cuts)
+        refusal = request.refusal
         assert refusal is not None and refusal.status == status, (cuts, refusal and refusal.status)
+        assert re.fullmatch(says, refusal.body.decode()[:-1]) and refusal.body.endswith(b"\n"), refusal.body
+        assert refusal.headers == ({"Allow": "GET, HEAD"} if status == 405 else {})
+        line_read = b"\r\n" in request.raw  # a request line refused before its end has no path yet
+        assert (request.method, request.path, request.headers) == (method, path if line_read else "", None)
+        assert request.raw and request_head.startswith(request.raw)  # what was read: a refusal reads no further …
+        assert len(request.raw) <= MAX_HEAD_BYTES  # … and never past the head's limit
+        assert not request.upgrade and request.header("Host") is None
+
+
+def test_a_client_leaving_within_its_head_is_a_lost_connection():
+    with pytest.raises(em.ConnectionLost, match="^the client closed the connection within its request$"):
+        _read(b"GET /status.json HTTP/1.1\r\nHost: 127.0.0.1\r\n", [3])  # and then nothing: the socket's end
+
+
+def test_a_head_of_as_many_headers_as_allowed_is_read():
+    """64 headers, each named once or more: a header given twice reads as absent (which of the two?)."""
+    head = b"GET /metrics HTTP/1.1\r\n" + b"".join(b"X-H%d: %d\r\n" % (k, k) for k in range(62))
+    request = _read(head + b"Authorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n", [7])
+    assert request.refusal is None and (request.method, request.path) == ("GET", "/metrics")
+    assert request.header("X-H61") == "61" and request.header("X-H62") is None
+    assert request.header("Authorization") is None  # given twice: ember reads neither
+
+
+def test_the_request_line_is_told_from_a_header_line_with_any_websockets():
+    """websockets 17 names the line that was too long by the error's type; 16 (the last for Python
+    3.10) says "line too long" for both, and then the request line is the one not ended in time."""
+    from websockets.exceptions import SecurityError
+
+    from ember.remote.http import _request_line_too_long
+
+    class RequestLineTooLong(SecurityError):
+        pass
+
+    class HeaderLineTooLong(SecurityError):
+        pass
+
+    unended, long_line = bytearray(b"GET /" + b"a" * 9000), bytearray(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n")
+    header = bytearray(b"GET / HTTP/1.1\r\nX-Long: " + b"a" * 9000)
+    assert _request_line_too_long(RequestLineTooLong("line too long"), header)  # the type decides …
+    assert not _request_line_too_long(HeaderLineTooLong("line too long"), unended)
+    old = SecurityError("line too long")  # … else where the first line ends
+    assert _request_line_too_long(old, unended) and _request_line_too_long(old, long_line)
+    assert not _request_line_too_long(old, header)
+    assert not _request_line_too_long(old, bytearray(b"GET / HTTP/1.1\r\n" + b"a" * 8190 + b"\r\n"))
+    assert _request_line_too_long(old, bytearray(b"GET /" + b"a" * 8186 + b"\r\n"))  # 8193 bytes with its end
+    assert not _request_line_too_long(old, bytearray(b"GET /" + b"a" * 8185 + b"\r\n"))  # 8192: a header was too long
+    assert not _request_line_too_long(SecurityError("too many HTTP headers"), unended)
+
+
+# --- /status.json and /metrics against docs/status.md, without sockets ---
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "status.md")
+
+
+def _documented_rows(heading: str) -> list[list[str]]:
+    """The rows of the table under ``heading`` in docs/status.md, cells stripped of their backticks."""
+    text = open(DOCS, encoding="utf-8").read().split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip().strip("`") for cell in line.strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    return rows[1:]  # after the header row
+
+
+def _fields(value, path: str = "") -> set[str]:
+    """The paths of a JSON value's leaves as docs/status.md writes them (``sessions[].client``); a
+    list of plain values is one, and so is an ``errors`` map (its keys are error kinds)."""
+    if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+        return set().union(*(_fields(item, path + "[]") for item in value))
+    if isinstance(value, dict) and not path.endswith("errors"):
+        return set().union(*(_fields(item, f"{path}.{key}" if path else key) for key, item in value.items()))
+    return {path}
+
+
+def _busy_host():
+    """A Host with three sessions (clients a, b, c, opened in the order b, c, a), a refused
+    handshake, and more failures than the status remembers: a failed 25 times, then b, then c."""
+    from ember.remote.session import BufferPool, Host, hosted_devices
+    from ember.wire.protocol import Frame, Limits
+
+    host = Host(hosted_devices("numpy"), None, Limits(), authorize=lambda address, token, device: token or False)
+    refused, _ = host.open(Frame({"t": "init", "v": wire.VERSION, "device": 0}, []), BufferPool(), "9.9.9.9:9")
+    assert refused is None
+    sessions = {}
+    for name, opened in (("a", 300.0), ("b", 100.0), ("c", 200.0)):
+        sessions[name], _ = host.open(Frame({"t": "init", "v": wire.VERSION, "device": 0, "token": name}, []),
+                                      BufferPool(), f"10.0.0.{len(sessions)}:1")
+        sessions[name].opened = host.started + opened
+    data = np.arange(6.0, dtype=np.float32)
+    sessions["a"].handle(Frame({"t": "batch", "m": (("put", 1, 0), ("op", "sin", (1,), (2,), {}))}, [data]))
+    for name, failures in (("a", 25), ("b", 1), ("c", 1)):
+        sessions[name].handle(Frame({"t": "batch", "m": tuple(("get", k, 99) for k in range(failures))}, []))
+    return host, sessions
+
+
+def test_the_status_json_has_the_fields_docs_status_md_lists():
+    from ember.remote import status
+
+    host, sessions = _busy_host()
+    state = json.loads(status.answer(host, "GET", "/status.json", "Bearer a", "1.2.3.4:5", host.started + 400.12345).body)
+    documented = [row[0] for row in _documented_rows("`/status.json`")]
+    assert len(documented) == len(set(documented)) and _fields(state) == set(documented)
+    assert state["uptime_seconds"] == 400.123 and state["started"] == host.started
+    assert state["memory"] == {"budget_bytes": host.budget.limit, "used_bytes": host.budget.used,
+                               "session_quota_bytes": host.limits.max_session_bytes}
+    assert [row["client"] for row in state["sessions"]] == ["b", "c", "a"]  # in the order they opened
+    assert [row["age_seconds"] for row in state["sessions"]] == [300.123, 200.123, 100.123]
+    for row in state["sessions"]:
+        assert len(row["session"]) == 8 and sessions[row["client"]].id.startswith(row["session"])
+    (a,) = [row for row in state["sessions"] if row["client"] == "a"]
+    assert (a["ops"], a["live_tensors"], a["live_bytes"], a["bytes_in"]) == (1, 2, 48, 24)
+    assert a["errors"] == {"ExecutionError": 25} and a["last_error"]["kind"] == "ExecutionError"
+    assert state["totals"]["errors"] == {"ExecutionError": 27, "AccessDenied": 1} and state["totals"]["sessions"] == 3
+    # the last 20 failures of the peer and every session, oldest first
+    assert [e["client"] for e in state["recent_errors"]] == ["a"] * 18 + ["b", "c"]
+    times = [e["time"] for e in state["recent_errors"]]
+    assert times == sorted(times)
+
+
+def test_a_message_is_shown_whole_up_to_300_characters_then_cut():
+    from ember.remote.status import MESSAGE_CHARACTERS, _clip
+
+    assert MESSAGE_CHARACTERS == 300 and _clip("x" * 300) == "x" * 300
+    assert _clip("x" * 301) == "x" * 299 + "…" and _clip("y" * 5000) == "y" * 299 + "…"
+
+
+def test_the_metrics_are_those_docs_status_md_lists_with_the_status_json_values():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ember.remote import status
+    from ember.remote.session import COUNTED
+
+    host, _ = _busy_host()
+    state = status.snapshot(host, host.started + 400.0)
+    text = status.answer(host, "GET", "/metrics", "Bearer a", "1.2.3.4:5", host.started + 400.0).body.decode()
+    documented = {name: (kind, labels, help) for name, kind, labels, help in _documented_rows("`/metrics`")}
+    assert dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.M)) == {name: h for name, (_, _, h) in documented.items()}
+    assert dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)) == {name: k for name, (k, _, _) in documented.items()}
+
+    totals, memory = state["totals"], state["memory"]
+    expected = {("ember_uptime_seconds", ()): state["uptime_seconds"], ("ember_sessions", ()): totals["sessions"],
+                ("ember_memory_budget_bytes", ()): memory["budget_bytes"],
+                ("ember_memory_used_bytes", ()): memory["used_bytes"],
+                ("ember_live_tensors", ()): totals["live_tensors"], ("ember_live_bytes", ()): totals["live_bytes"]}
+    expected.update({("ember_errors_total", (("kind", kind),)): n for kind, n in totals["errors"].items()})
+    for field in COUNTED:
+        expected[(f"ember_{field}_total", ())] = totals[field]
+    for row in state["sessions"]:
+        labels = (("client", row["client"]), ("session", row["session"]))
+        for field in ("live_tensors", "live_bytes"):
+            expected[(f"ember_session_{field}", labels)] = row[field]
+        for field in COUNTED:
+            expected[(f"ember_session_{field}_total", labels)] = row[field]
+    served = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(text) for s in family.samples}
+    assert served == expected
+    for name, (_, labels, _) in documented.items():  # every series of a metric has the labels listed for it
+        assert {tuple(k for k, _ in key[1]) for key in served if key[0] == name} == {
+            tuple(sorted(label.strip() for label in labels.split(",") if label.strip()))}
+
+
+def test_every_answer_says_what_was_wrong_and_what_to_do(monkeypatch):
+    from ember.remote import status
+    from ember.remote.session import Host, hosted_devices
+    from ember.wire.protocol import Limits
+
+    host = Host(hosted_devices("numpy"), TOKEN, Limits())
+
+    def answer(path, authorization=None, method="GET"):
+        return status.answer(host, method, path, authorization, "1.2.3.4:6", 0.0)
+
+    for page in ("/", "/index.html", "/index.html?refresh=1"):
+        reply = answer(page)
+        assert (reply.status, reply.content_type, reply.body) == (200, "text/html; charset=utf-8", status.PAGE.encode())
+    missing = answer("/" + "a" * 200)
+    assert (missing.status, missing.content_type) == (404, "text/plain; charset=utf-8")
+    assert missing.body == b"no page at /" + b"a" * 99 + b"; try /, /status.json or /metrics\n"  # the path cut to 100
+    wrong = answer("/", method="DELETE")
+    assert (wrong.status, wrong.body, wrong.headers) == (405, b"only GET and HEAD are served here\n", {"Allow": "GET, HEAD"})
+    unknown = answer("/metrics", "Bearer not-the-token")
+    assert unknown.status == 401 and unknown.headers == {"WWW-Authenticate": 'Bearer realm="ember"'}
+    assert unknown.body == b"this peer asks for a token: send the header Authorization: Bearer TOKEN\n"
+    assert answer("/status.json?a=1?b=2", f"Bearer  {TOKEN}").status == 200  # one query, however it reads; 1*SP
+    assert answer("/status.json", f"{TOKEN} Bearer").status == 401
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # the metrics extra not installed
+    lacking = answer("/metrics", f"Bearer {TOKEN}")
+    assert (lacking.status, lacking.content_type) == (501, "text/plain; charset=utf-8")
+    assert lacking.body == b"/metrics needs prometheus-client: pip install 'ember[metrics]'\n"
+    assert answer("/status.json", f"Bearer {TOKEN}").status == 200  # the rest is served without it

@@ -107,7 +107,7 @@ def read_request(sock: socket.socket, received: bytes, deadline: float) -> HttpR
         data += chunk
 
 
-def respond(sock: socket.socket, response: Response, deadline: float, head_only: bool = False) -> None:
+def respond(sock: socket.socket, response: Response, deadline: float, head_only: bool) -> None:
     """Send ``response`` (its headers only for a HEAD request) before ``deadline``."""
     reason = HTTPStatus(response.status).phrase
     headers = {"Content-Type": response.content_type, "Content-Length": str(len(response.body)), **HEADERS,
