@@ -70,6 +70,11 @@ def peer():
 REMOTE_SCHEMES = ["ember", "ws"]
 
 
+def too_large(size: int, limit: int) -> str:
+    """How websockets words a message past its size limit: from 14 on, then 13 (pyproject allows 13)."""
+    return rf"(frame with {size} bytes exceeds limit of {limit} bytes|over size limit \({size} > {limit} bytes\))"
+
+
 # JAX compiles each op anew for each shape and dtype it meets (~40 ms each): a jax device draws fewer examples
 JAX_EXAMPLES = int(os.environ.get("EMBER_JAX_EXAMPLES", "2"))
 

@@ -26,6 +26,8 @@ from ember.wire import protocol as wire
 from ember.wire.protocol import MAGIC, PREFIX_SIZE, FrameReader, Limits
 from ember.wire.tcp import TimedOut
 
+from .conftest import too_large
+
 
 def _bytes(header, segments=()) -> bytes:
     return b"".join(bytes(b) for b in wire.encode_frame(header, list(segments)))
@@ -882,11 +884,6 @@ def _far_writes(far: _WebSocketFar, *writes) -> None:
     far.sock.sendall(b"".join(far.protocol.data_to_send()))
 
 
-def _too_large(size: int, limit: int) -> str:
-    """How websockets words a message past its size limit: from 14 on, then 13 (pyproject allows 13)."""
-    return rf"(frame with {size} bytes exceeds limit of {limit} bytes|over size limit \({size} > {limit} bytes\))"
-
-
 def test_a_websocket_says_what_ended_it(websocket_pairs):
     """Each way a WebSocket connection ends or is refused raises the error that says so: a text
     message (not ember's), the far end's close frame (also found by every look until a receive,
@@ -928,7 +925,7 @@ def test_a_websocket_says_what_ended_it(websocket_pairs):
     with pytest.raises(errors.ConnectionLost) as lost:
         connection.receive(timeout=2)
     assert not isinstance(lost.value, TimedOut)  # refused at the header, not waited for
-    assert re.fullmatch("the WebSocket closed: " + _too_large(1 << 20, websocket._max_size(Limits(max_frame_bytes=1 << 16))),
+    assert re.fullmatch("the WebSocket closed: " + too_large(1 << 20, websocket._max_size(Limits(max_frame_bytes=1 << 16))),
                         str(lost.value))
 
 
@@ -1044,7 +1041,7 @@ def test_a_websocket_client_reaches_ipv6_loopback_and_takes_messages_to_its_limi
             client.receive(timeout=2)
         assert not isinstance(lost.value, TimedOut)  # refused at the header, not waited for
         limit = websocket._max_size(wire.HANDSHAKE_LIMITS)
-        assert re.search(_too_large(1 << 20, limit), str(lost.value))
+        assert re.search(too_large(1 << 20, limit), str(lost.value))
     finally:
         client.close()
         server.close()

@@ -61,6 +61,9 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "client": (["ember/engines/remote.py", "ember/wire/tcp.py"],
                ["tests/test_remote.py", "tests/test_wire.py", "tests/test_tls.py", "tests/test_transfers.py",
                 "tests/test_hardening.py", "tests/test_capture.py", "tests/test_distributed.py"]),
+    # grants and fetches between peers without I/O (capabilities single-use, bound to a session, expiring)
+    "transfers": (["ember/remote/transfers.py"], ["tests/test_transfers.py", "tests/test_session.py",
+                                                 "tests/test_distributed.py"]),
     # who may open a session (authorizers, tokens files) and the HTTP status paths: the parts of the peer's shell that
     # also run in this process (the rest of server.py runs in `ember serve` children: docs/testing.md plants it by hand)
     "access": (["ember/remote/access.py", "ember/remote/http.py", "ember/remote/status.py"],
