@@ -721,3 +721,107 @@ def test_hostile_grants_fetches_and_fetch_frames_are_refused_and_the_accounting_
     assert replies[-1][0] == "data" and _balanced(session)
     host.close(session)
     assert host.budget.used == host.pool.total
+
+
+# --- the grants table and a fetch, alone ------------------------------------------------------------
+
+class _Owner:
+    """What a Grant needs of the session that made it: the list its released bytes go back through."""
+
+    def __init__(self):
+        self.ended = []
+
+
+def _grant(owner, capability: bytes, session="s", nbytes=8):
+    from ember.remote.transfers import Grant
+    return Grant(capability, session, np.ones(1), owner, nbytes)
+
+
+def test_the_grants_table_counts_each_sessions_pending_grants_exactly(monkeypatch):
+    monkeypatch.setattr("ember.remote.transfers.GRANTS_PER_SESSION", 2)
+    now = [100.0]
+    table = Transfers(ttl=10, clock=lambda: now[0])
+    assert (table.generation, table.closed, table.pending) == (0, False, {})
+    alice, bob = _Owner(), _Owner()
+    first, second, third = (_grant(alice, bytes([k]) * 32) for k in range(3))
+    assert table.grant(first) is None and table.grant(_grant(bob, b"b" * 32)) is None
+    assert (first.expires, first.state, first.ended) == (110.0, "granted", 0.0)
+    assert table.grant(second) is None and table.pending == {alice: 2, bob: 1} and table.generation == 3
+    assert table.grant(third) == "grant: 2 transfers of this session are pending already"  # at the cap, and no further
+    assert table.generation == 3 and third.capability not in table.table
+    assert table.claim(first.capability, "s") is first and first.state == "used" and table.pending == {alice: 1, bob: 1}
+    assert table.grant(third) is None and table.pending == {alice: 2, bob: 1}  # a used grant makes room
+    table.revoke(alice)  # alice's session closed: her granted ones end; the used one and bob's are untouched
+    assert [g.state for g in (first, second, third)] == ["used", "revoked", "revoked"] and table.pending == {bob: 1}
+    assert alice.ended == [8, 8] and second.value is None and first.value is not None
+    second.release()
+    assert alice.ended == [8, 8]  # its bytes go back once
+    now[0] = 100.0 + LINGER  # ended LINGER seconds ago: still named …
+    assert table.claim(second.capability, "s").startswith("the capability was revoked")
+    now[0] = 100.0 + LINGER + 0.5  # … and after that forgotten; bob's grant expired long ago
+    assert table.claim(second.capability, "s") is None and list(table.table) == [b"b" * 32]
+    assert table.pending == {} and table.table[b"b" * 32].state == "expired"
+    monkeypatch.setattr("ember.remote.transfers.GRANTS_PER_SESSION", 1)  # a session's first grant, at a cap of one
+    carol = _Owner()
+    assert table.grant(_grant(carol, b"c" * 32)) is None and table.grant(_grant(carol, b"d" * 32)) is not None
+
+
+def test_a_waiter_wakes_at_the_next_grant_or_when_the_peer_stops_and_no_later_than_asked():
+    table = Transfers()
+    owner = _Owner()
+    start = time.monotonic()
+    table.wait(table.generation, 0.05)  # nothing granted: it waited its time …
+    table.wait(table.generation, -1.0)  # … and a time already past is no wait, not an error
+    assert 0.04 < time.monotonic() - start < 1
+    seen = table.generation
+    threading.Timer(0.05, table.grant, [_grant(owner, b"g" * 32)]).start()
+    start = time.monotonic()
+    table.wait(seen, 10)
+    assert time.monotonic() - start < 5 and table.generation == seen + 1
+    threading.Timer(0.05, table.close).start()
+    start = time.monotonic()
+    table.wait(table.generation, 10)
+    assert time.monotonic() - start < 5 and table.closed
+
+
+def test_a_fetch_asks_once_and_reads_each_answer_of_the_source():
+    from ember.remote.transfers import Outcome
+    meta = Meta((0, 3), em.float32)
+    job = Fetch(4, meta, "ember", "h", 7, b"c" * 32, "sess", False)
+    assert job.request() == {"t": "fetch", "v": wire.VERSION, "capability": b"c" * 32, "session": "sess"}
+    limits = job.reply_limits()  # an empty tensor's other extents still count: 3 float32
+    assert (limits.max_tensor_bytes, limits.max_frame_bytes) == (12, 12 + wire.HANDSHAKE_LIMITS.max_header_bytes)
+    assert limits.max_header_bytes == wire.HANDSHAKE_LIMITS.max_header_bytes
+    assert job.value is None and not job.done.is_set()
+    waited = job.wait(0.01)
+    assert (waited.kind, waited.message) == ("ConnectionLost", "transfer from ember://h:7: not done after 0.01 s")
+    assert job.receive(Frame({"t": "refuse", "kind": "AccessDenied", "reason": "not yet", "retry": True}, []))  # final
+    assert (job.wait().kind, job.wait().message) == ("AccessDenied", "transfer from ember://h:7: not yet")
+    job.receive(Frame({"t": "tensor"}, [np.zeros((0, 3), np.float32)]))
+    assert isinstance(job.wait(), Outcome) and job.value is None  # over: what comes later is not taken
+
+    def answered(header, segments=()):
+        job = Fetch(4, Meta((2,), em.float32), "ember", "h", 7, b"c" * 32, "s", False)
+        assert job.receive(Frame(header, list(segments)))
+        return job.wait()
+
+    assert answered({"t": "tensor"}, [np.ones(2, np.float32)]).tolist() == [1.0, 1.0]
+    for header, segments, kind, message in [
+            ({"t": "refuse", "kind": "ShapeError", "reason": "r" * 2000}, (), "ShapeError", "r" * 1000),
+            ({"t": "nonsense" * 10}, (), "ProtocolError", f"unexpected answer {'nonsense' * 10!r:.40} from the source"),
+            ({"t": "tensor"}, (np.ones(2, np.float32),) * 2, "ProtocolError",
+             "the source sent 2 tensors, not the float32 tensor of shape (2,) it granted"),
+            ({"t": "tensor"}, (), "ProtocolError", "the source sent 0 tensors, not the float32 tensor of shape (2,) it granted")]:
+        outcome = answered(header, segments)
+        assert (outcome.kind, outcome.message) == (kind, f"transfer from ember://h:7: {message}")
+
+
+def test_a_fetch_that_fails_is_named_by_the_nearest_kind_the_wire_knows():
+    class Narrower(em.ShapeError):  # not on the wire: its parent is
+        pass
+
+    for error, kind in [(em.TLSError("certificate not trusted"), "TLSError"), (Narrower("odd"), "ShapeError"),
+                        (ConnectionResetError("reset by peer"), "ConnectionLost"), (em.EmberError("x"), "EmberError")]:
+        job = Fetch(1, Meta((1,), em.float32), "ember", "h", 1, b"c" * 32, "s", False)
+        job.fail_with(error)
+        assert (job.wait().kind, job.wait().message) == (kind, f"transfer from ember://h:1: {error}")
