@@ -18,7 +18,7 @@ from ember.array import Array
 from ember.errors import ProtocolError
 from ember.ops.table import Meta
 from ember.remote.session import Host, hosted_devices
-from ember.remote.transfers import LINGER, Fetch, Transfers
+from ember.remote.transfers import LINGER, Fetch, Grant, Outcome, Transfers
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
@@ -733,7 +733,6 @@ class _Owner:
 
 
 def _grant(owner, capability: bytes, session="s", nbytes=8):
-    from ember.remote.transfers import Grant
     return Grant(capability, session, np.ones(1), owner, nbytes)
 
 
@@ -785,7 +784,6 @@ def test_a_waiter_wakes_at_the_next_grant_or_when_the_peer_stops_and_no_later_th
 
 
 def test_a_fetch_asks_once_and_reads_each_answer_of_the_source():
-    from ember.remote.transfers import Outcome
     meta = Meta((0, 3), em.float32)
     job = Fetch(4, meta, "ember", "h", 7, b"c" * 32, "sess", False)
     assert job.request() == {"t": "fetch", "v": wire.VERSION, "capability": b"c" * 32, "session": "sess"}
