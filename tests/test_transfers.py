@@ -17,6 +17,7 @@ import ember as em
 from ember.array import Array
 from ember.errors import ProtocolError
 from ember.ops.table import Meta
+from ember.remote import server as server_module
 from ember.remote.session import Host, hosted_devices
 from ember.remote.transfers import LINGER, Fetch, Grant, Outcome, Transfers
 from ember.wire import protocol as wire
@@ -182,6 +183,134 @@ def test_a_move_between_two_sessions_of_one_peer_stays_inside_it(source):
     np.testing.assert_array_equal(em.asnumpy(y), host + 1)
     assert _delta(before, _counters(a))["bytes_down"] == 0
     assert _sent(source) == sent  # claimed from the peer's own table: no connection, no host copy
+
+
+# --- the connections peers fetch over: kept for the next fetch, within limits -------------------
+
+def _fresh(server) -> em.Device:
+    """A device of an in-process ``server``, with no session left over from an earlier one on its port."""
+    device = em.device(f"ember://{server.address}/0")
+    if device._engine is not None and device._engine.lost is None:
+        device._engine.close()
+    return device
+
+
+def _move(a, b, values) -> np.ndarray:
+    return em.asnumpy(em.asarray(values, device=a).to_device(b) * 2)
+
+
+def _eventually(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def _kept(destination, source) -> int:
+    """How many idle connections to ``source`` the in-process ``destination`` keeps."""
+    host, port = source.address.rsplit(":", 1)
+    return len(destination._kept.get(("ember", host, int(port)), []))
+
+
+def test_moves_from_one_source_share_one_connection_which_counts_as_no_handshake():
+    """The destination keeps the connection of a fetch that got its tensor, and the source keeps
+    answering on it: five moves, one connection, one source thread. Its capability shown, it no
+    longer counts as a handshake: a peer that admits one handshake at a time still answers a new
+    connection (its status page) while the link is open."""
+    with em.Server("numpy", "127.0.0.1:0", max_sessions=1) as src, em.Server("numpy", "127.0.0.1:0") as dst:
+        a, b = _fresh(src), _fresh(dst)
+        for k in range(5):
+            np.testing.assert_array_equal(_move(a, b, np.arange(4.0) + k), (np.arange(4.0) + k) * 2)
+        assert (src._fetch_links, src._handshakes, _kept(dst, src)) == (1, 0, 1)
+        host, port = src.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(b"GET /status.json HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(12) == b"HTTP/1.1 200"
+        a.engine.close()
+        b.engine.close()
+    assert src._fetch_links == 0 and dst._kept == {}  # stopping closed both ends
+
+
+def test_a_source_closes_a_quiet_fetch_link_and_the_next_move_connects_anew(monkeypatch):
+    monkeypatch.setattr(server_module, "FETCH_LINK_SECONDS", 0.3)
+    with em.Server("numpy", "127.0.0.1:0") as src, em.Server("numpy", "127.0.0.1:0") as dst:
+        a, b = _fresh(src), _fresh(dst)
+        np.testing.assert_array_equal(_move(a, b, np.ones(3)), [2.0, 2.0, 2.0])
+        assert src._fetch_links == 1
+        assert _eventually(lambda: src._fetch_links == 0)  # closed by the source after 0.3 s without a fetch
+        np.testing.assert_array_equal(_move(a, b, np.ones(3)), [2.0, 2.0, 2.0])  # the stale one is not tried
+        assert (src._fetch_links, _kept(dst, src)) == (1, 1)
+        a.engine.close()
+        b.engine.close()
+
+
+def test_a_kept_connection_the_source_closed_is_replaced_and_the_move_succeeds():
+    """A source that admits one session keeps one fetch link: the second destination's connection
+    is closed once its tensor is sent, so that destination's kept connection is dead when it fetches
+    again; it connects anew and the move succeeds. A source restarted at the same address meets the
+    same."""
+    with em.Server("numpy", "127.0.0.1:0", max_sessions=1) as src, em.Server("numpy", "127.0.0.1:0") as first, \
+            em.Server("numpy", "127.0.0.1:0") as second:
+        a, b, c = _fresh(src), _fresh(first), _fresh(second)
+        np.testing.assert_array_equal(_move(a, b, np.arange(3.0)), [0.0, 2.0, 4.0])
+        np.testing.assert_array_equal(_move(a, c, np.arange(3.0)), [0.0, 2.0, 4.0])
+        assert src._fetch_links == 1 and _kept(second, src) == 1  # kept by the destination, closed by the source
+        np.testing.assert_array_equal(_move(a, c, np.arange(3.0) + 1), [2.0, 4.0, 6.0])
+        address = src.address
+        a.engine.close()
+        src.stop()
+        with em.Server("numpy", address) as again:
+            assert _kept(first, again) == 1  # to the stopped source
+            np.testing.assert_array_equal(_move(_fresh(again), b, np.arange(2.0)), [0.0, 2.0])
+            assert again._fetch_links == 1
+        b.engine.close()
+        c.engine.close()
+
+
+def test_a_refused_fetch_ends_its_kept_connection_and_the_next_move_connects_anew():
+    with em.Server("numpy", "127.0.0.1:0") as src, em.Server("numpy", "127.0.0.1:0") as dst:
+        a, b = _fresh(src), _fresh(dst)
+        host = np.arange(6.0)
+        x, capability, meta = _granted(a, b, host)
+        np.testing.assert_array_equal(em.asnumpy(_fetched(b, a, capability, meta)), host)
+        assert src._fetch_links == 1
+        with pytest.raises(em.AccessDenied, match="the capability was used already"):
+            em.asnumpy(_fetched(b, a, capability, meta))  # asked on the kept connection: refused, and it ends
+        assert _eventually(lambda: src._fetch_links == 0) and _kept(dst, src) == 0
+        np.testing.assert_array_equal(_move(a, b, host), host * 2)
+        a.engine.close()
+        b.engine.close()
+
+
+def _fetch_threads() -> set:
+    return {thread for thread in threading.enumerate() if thread.name == "ember-fetch"}
+
+
+def test_a_destination_keeps_the_thread_of_a_finished_fetch_for_the_next_and_ends_it_when_it_stops():
+    """Starting a thread costs about a third of a small move here: a fetch runs on an idle thread of
+    an earlier one. Three moves in turn take one thread, which ends with the peer."""
+    before = _fetch_threads()
+    with em.Server("numpy", "127.0.0.1:0") as src, em.Server("numpy", "127.0.0.1:0") as dst:
+        a, b = _fresh(src), _fresh(dst)
+        for k in range(3):
+            np.testing.assert_array_equal(_move(a, b, np.arange(3.0) + k), (np.arange(3.0) + k) * 2)
+        assert _eventually(lambda: dst._workers._idle == 1)
+        assert len(_fetch_threads() - before) == 1
+        a.engine.close()
+        b.engine.close()
+    assert _eventually(lambda: not _fetch_threads() - before)
+
+
+def test_a_fetch_thread_idle_for_its_time_ends(monkeypatch):
+    monkeypatch.setattr(server_module, "WORKER_SECONDS", 0.2)
+    before = _fetch_threads()
+    with em.Server("numpy", "127.0.0.1:0") as src, em.Server("numpy", "127.0.0.1:0") as dst:
+        a, b = _fresh(src), _fresh(dst)
+        np.testing.assert_array_equal(_move(a, b, np.ones(2)), [2.0, 2.0])
+        assert _eventually(lambda: dst._workers._idle == 0 and not _fetch_threads() - before)
+        np.testing.assert_array_equal(_move(a, b, np.ones(2)), [2.0, 2.0])  # on a new thread
+        a.engine.close()
+        b.engine.close()
 
 
 # --- refusals: each a typed error at the read, both sessions going on ---------------------------

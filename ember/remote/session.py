@@ -1006,11 +1006,12 @@ class Host:
 
     # -- transfers (transfers.py): this peer as the source of a fetch --
     def answer_fetch(self, frame: Frame, final: bool = True) -> tuple[list[Reply], Grant | None] | None:
-        """Another peer's ``fetch`` frame in (the first and only frame of its connection): the reply
-        frames — the granted tensor, or a refusal — and the grant to ``release`` once they are sent.
-        None while the capability is unknown and not ``final``: it may not be granted yet (the shell
-        waits for :attr:`transfers` to change, within its handshake deadline, and asks again). The
-        capability is the only credential: no token is asked for."""
+        """Another peer's ``fetch`` frame in (the first frame of its connection, or a later one on
+        a connection kept for more): the reply frames — the granted tensor, or a refusal — and the
+        grant to ``release`` once they are sent. None while the capability is unknown and not
+        ``final``: it may not be granted yet (the shell waits for :attr:`transfers` to change,
+        within its handshake deadline, and asks again). The capability is the only credential: no
+        token is asked for."""
         header = frame.header
 
         def refuse(kind: str, reason: str, **extra) -> tuple[list[Reply], None]:

@@ -194,7 +194,8 @@ class Fetch:
         return f"{self.scheme}://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
 
     def request(self) -> dict:
-        """The first and only frame sent to the source peer."""
+        """The frame sent to the source peer: the first of its connection, or the next on one kept
+        from an earlier fetch."""
         return {"t": "fetch", "v": wire.VERSION, "capability": self.capability, "session": self.session}
 
     def reply_limits(self) -> Limits:
