@@ -41,8 +41,8 @@ IDLE_SECONDS = 15 * 60   # a session that receives nothing for this long is clos
 MAX_SESSIONS = 64        # sessions at once (and as many connections still in their handshake)
 FETCH_SECONDS = 120      # a fetch from another peer: each wait for bytes, and all its tries together
 FETCH_LINK_SECONDS = 30  # a fetch connection whose last fetch got its tensor stays open this long for the next one …
-WORKER_SECONDS = 10      # a thread that performed a fetch waits this long for the next
 FETCH_LINKS_KEPT = 4     # … and a peer keeps this many of them idle to each source
+WORKER_SECONDS = 10      # a thread that performed a fetch waits this long for the next
 SAMPLE_SECONDS = 2       # how often the throughput the status page draws is sampled
 _ALIVE = wire.encode_frame({"t": "alive"})
 
