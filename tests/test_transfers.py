@@ -292,7 +292,7 @@ def test_a_destination_keeps_the_thread_of_a_finished_fetch_for_the_next_and_end
         a, b = _fresh(src), _fresh(dst)
         for k in range(3):
             np.testing.assert_array_equal(_move(a, b, np.arange(3.0) + k), (np.arange(3.0) + k) * 2)
-        assert _eventually(lambda: dst._workers._idle == 1)
+            assert _eventually(lambda: dst._workers._idle == 1)  # its thread waits for the next
         assert len(_fetch_threads() - before) == 1
         a.engine.close()
         b.engine.close()
