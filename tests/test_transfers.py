@@ -49,13 +49,19 @@ def _sent(peer) -> int:
     return sum("sent a granted tensor" in line for line in list(peer.log))
 
 
+def _eventually(condition, timeout: float = 5.0) -> bool:
+    """Whether ``condition()`` holds, asked until it does or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return condition()
+
+
 def _sent_once_logged(peer, count: int, timeout: float = 10.0) -> int:
     """``_sent(peer)`` once it reaches ``count`` (or ``timeout`` passes): the source logs a send after
     it, and its log reaches this process through a pipe, so a result read on the destination may be
     back before the line is."""
-    deadline = time.monotonic() + timeout
-    while _sent(peer) < count and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _eventually(lambda: _sent(peer) >= count, timeout)
     return _sent(peer)
 
 
@@ -195,13 +201,6 @@ def _fresh(server) -> em.Device:
 
 def _move(a, b, values) -> np.ndarray:
     return em.asnumpy(em.asarray(values, device=a).to_device(b) * 2)
-
-
-def _eventually(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
 
 
 def _kept(destination, source) -> int:

@@ -434,7 +434,7 @@ class Server:
         refusal = replies[0][0].get("reason")
         log.info("%s: %s", address, f"transfer refused: {refusal}" if refusal else
                  f"sent a granted tensor of {replies[0][1][0].nbytes} bytes")
-        return grant is not None and not refusal
+        return grant is not None  # a grant comes only with its tensor
 
     def _hold_fetch_link(self) -> bool:
         """Whether a fetch connection that was answered with its tensor may stay open for the next
