@@ -229,7 +229,7 @@ def run(quick: bool = False) -> Report:
     report = Report("fleet")
     repeats = 3 if quick else 7
     with contextlib.ExitStack() as stack:
-        peers = [stack.enter_context(PeerProcess()) for _ in range(PEERS)]
+        peers = [stack.enter_context(PeerProcess("--fetch-from", "127.0.0.1")) for _ in range(PEERS)]  # fetching from each other
         devices = [em.device(p.url()) for p in peers]
         raw = RawPair()
         stack.callback(raw.close)

@@ -2,7 +2,7 @@
 
     ember serve --device D --listen HOST:PORT [--token-file F | --tokens-file F] [--tls-cert F --tls-key F]
                 [--max-sessions N] [--idle-timeout S] [--handshake-timeout S] [--insecure]
-                [--tls-ca F] [--transfer-ttl S]
+                [--tls-ca F] [--transfer-ttl S] [--fetch-from ADDRS]
                                    host D's backend as a compute peer
     ember demo                     the whole job in one command: peer, remote, training, capture
     ember devices [PEER]           list the local devices (or a compute peer's, or with ray://auto
@@ -36,12 +36,12 @@ def _devices(args) -> int:
         return 0
     if args.peer.startswith("ray://"):
         return _fleet(args.peer)
-    from .devices import device
+    from .devices import device, redact_secrets
     try:
         peer = device(args.peer.rstrip("/") + ("/0" if args.peer.count("/") == 2 else ""))
         info = peer.engine.info
-    except EmberError as error:
-        print(f"ember devices: {error}", file=sys.stderr)
+    except EmberError as error:  # its message names the device without its token; this makes sure
+        print(f"ember devices: {redact_secrets(str(error), args.peer, os.environ.get('EMBER_TOKEN'))}", file=sys.stderr)
         return 1
     base = str(peer).rsplit("/", 1)[0]
     for index, name in enumerate(info.get("devices", ())):
@@ -72,11 +72,16 @@ def _serve(args) -> int:
     from dataclasses import replace
 
     from .errors import ArgumentError, EmberError
-    from .remote.access import TokenFile
+    from .remote.access import MAKE_A_TOKEN, MIN_TOKEN_CHARACTERS, TokenFile, exposed
     from .remote.server import PEER_LIMITS, Server, keep_freed_memory
     keep_freed_memory()  # this process is the peer's alone
     token = authorize = None
+    shortest = 0 if args.insecure else MIN_TOKEN_CHARACTERS  # a short token falls to guessing, however slow
     try:
+        for path in filter(None, (args.token_file, args.tokens_file)):
+            risk = exposed(path)
+            if risk:
+                print(f"ember serve: warning: {risk}", file=sys.stderr)
         if args.token_file:
             try:
                 with open(args.token_file) as f:
@@ -85,17 +90,27 @@ def _serve(args) -> int:
                 raise ArgumentError(f"cannot read the token file: {error}") from None
             if not token:
                 raise ArgumentError(f"the token file {args.token_file} is empty")
+            if len(token) < shortest:
+                raise ArgumentError(f"the token in {args.token_file} has {len(token)} characters, and a token needs "
+                                    f"{shortest} or more: make one with {MAKE_A_TOKEN} (--insecure accepts it)")
         if args.tokens_file:
-            authorize = TokenFile.load(args.tokens_file)
+            authorize = TokenFile.load(args.tokens_file, min_token_characters=shortest)
         limits = PEER_LIMITS
         if args.max_tensor_bytes:
             limits = replace(limits, max_tensor_bytes=args.max_tensor_bytes)
         if args.max_session_bytes:
             limits = replace(limits, max_session_bytes=args.max_session_bytes)
+        for name in ("max_session_tensors", "max_session_graphs", "max_graph_ops"):
+            value = getattr(args, name)
+            if value is not None:
+                if value < 1:
+                    raise ArgumentError(f"--{name.replace('_', '-')} is a whole number ≥ 1, got {value}")
+                limits = replace(limits, **{name: value})
         server = Server(args.device, args.listen, token=token, authorize=authorize, insecure=args.insecure,
                         limits=limits, tls_cert=args.tls_cert, tls_key=args.tls_key, max_sessions=args.max_sessions,
                         idle_timeout=args.idle_timeout, handshake_timeout=args.handshake_timeout,
-                        max_memory=args.max_memory, tls_ca=args.tls_ca, transfer_ttl=args.transfer_ttl)
+                        max_memory=args.max_memory, tls_ca=args.tls_ca, transfer_ttl=args.transfer_ttl,
+                        fetch_from=args.fetch_from)
         server.start()
     except (EmberError, OSError) as error:
         print(f"ember serve: {error}", file=sys.stderr)
@@ -146,6 +161,9 @@ def _bench(args) -> int:
 
 def _top(args) -> int:
     from .remote.top import run
+    if args.token:  # argv is for every user of this machine to read (ps, /proc)
+        print("ember top: warning: --token shows the token to anyone who lists this machine's processes; "
+              "set EMBER_TOKEN instead", file=sys.stderr)
     return run(args.peer, token=args.token, interval=args.interval, once=args.once, tls_ca=args.tls_ca)
 
 
@@ -221,10 +239,20 @@ def parser() -> argparse.ArgumentParser:
                              "listed; # starts a comment line); logs name each client")
     serve.add_argument("--tls-cert", metavar="FILE", help="serve only TLS (embers://, wss://) with this certificate chain (PEM)")
     serve.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
-    serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without TLS or a token")
+    serve.add_argument("--insecure", action="store_true",
+                       help="allow a non-loopback address without TLS or a token, and tokens under "
+                            "16 characters")
     serve.add_argument("--max-tensor-bytes", type=int, metavar="BYTES", help="refuse tensors larger than this (default 4 GiB)")
     serve.add_argument("--max-session-bytes", type=int, metavar="BYTES",
-                       help="the bytes one session's tensors may hold (default: the whole memory budget)")
+                       help="the bytes one session may hold: its tensors and what it registers (default: a quarter "
+                            "of the memory budget)")
+    serve.add_argument("--max-session-tensors", type=int, metavar="N",
+                       help="the tensor ids one session may hold at once, failed ones included (default 1,048,576)")
+    serve.add_argument("--max-session-graphs", type=int, metavar="N",
+                       help="the graphs one session may keep registered (default 4,096)")
+    serve.add_argument("--max-graph-ops", type=int, metavar="N",
+                       help="the ops (and inputs, and outputs) of one graph, refused before it is compiled "
+                            "(default 65,536)")
     serve.add_argument("--max-memory", type=int, metavar="BYTES",
                        help="the bytes all sessions may hold together, the buffer pool included (default: 3/4 of RAM)")
     serve.add_argument("--max-sessions", type=int, default=MAX_SESSIONS, metavar="N",
@@ -239,6 +267,10 @@ def parser() -> argparse.ArgumentParser:
                             "in FILE (PEM; default: EMBER_TLS_CA, else the system's store)")
     serve.add_argument("--transfer-ttl", type=float, default=TTL, metavar="SECONDS",
                        help=f"a transfer capability this peer grants expires after this long (default {TTL:g})")
+    serve.add_argument("--fetch-from", default="", metavar="ADDRS",
+                       help="the peers this peer may fetch tensors from (x.to_device between peers): addresses, networks "
+                            "or host names, each with or without :PORT, comma-separated (127.0.0.1,10.0.0.0/8,gpu-box:7878; "
+                            "default none: moves only between this peer's own sessions)")
     serve.set_defaults(run=_serve)
 
     devices = commands.add_parser("devices", help="list the local devices, or a compute peer's",
@@ -251,8 +283,10 @@ def parser() -> argparse.ArgumentParser:
     watch = commands.add_parser("top", help="watch a compute peer's sessions and throughput",
                               description="Show a compute peer's sessions, memory and throughput (read from its "
                                           "/status.json), refreshed until Ctrl-C.")
-    watch.add_argument("peer", help="the peer: ember://[TOKEN@]host:port (ws://; embers:// or wss:// read it over HTTPS)")
-    watch.add_argument("--token", help="the token the peer asks for (default: from the address, else EMBER_TOKEN)")
+    watch.add_argument("peer", help="the peer: ember://host:port (ws://; embers:// or wss:// read it over HTTPS); "
+                                    "the token in EMBER_TOKEN")
+    watch.add_argument("--token", help="the token the peer asks for (default: EMBER_TOKEN, else from the address; "
+                                       "in argv others on this machine can read it: prefer EMBER_TOKEN)")
     watch.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="seconds between refreshes (default 2)")
     watch.add_argument("--once", action="store_true", help="print the status once and exit")
     watch.add_argument("--tls-ca", metavar="FILE", help="the CA certificates a TLS peer is checked against (PEM)")

@@ -11,6 +11,11 @@
 Devices compare by hardware: ``autodiff(d) == d``, and the ``ember://``, ``ws://``, ``embers://``
 and ``wss://`` addresses of one peer's device are one device. The engine is created on first use.
 
+A token is best given in ``EMBER_TOKEN`` (read when the device string is first parsed), not in the
+string, where the program's source, its arguments and its shell history keep it. Either way no
+message shows it: a device prints without it, and errors show a device string's userinfo as
+``***`` (:func:`redacted`).
+
 A TLS device trusts the CA certificates of ``device(spec, tls_ca=FILE)``, else of the file named
 by ``EMBER_TLS_CA``, else the system's store. Like ``EMBER_TOKEN``, the variable is read when a
 device string is first parsed: the CA file is part of the shared device object, so one address
@@ -20,10 +25,42 @@ with two CA files gives two devices (two sessions) that still compare equal.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from urllib.parse import unquote, urlsplit
 
-from .errors import DeviceError
+from .errors import DeviceError, EmberError, with_prefix
+
+_SCHEME = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*:/*")
+
+
+def redacted(spec) -> str:
+    """``spec`` (a device string) as a message may show it: its userinfo — the token, everything
+    between the scheme and the last ``@`` — written ``***``; a string without ``@`` is unchanged."""
+    text = str(spec)
+    if "@" not in text:
+        return text
+    scheme = _SCHEME.match(text)
+    return text[:scheme.end() if scheme else 0] + "***@" + text.rpartition("@")[2]
+
+
+def redact_secrets(text: str, *sources) -> str:
+    """``text`` without the secrets of ``sources``: the userinfo of device strings, and tokens
+    given as such (secrets under four characters are left: no secret, they would garble the text)."""
+    secrets = set()
+    for source in sources:
+        if not isinstance(source, str) or not source:
+            continue
+        if "@" in source:
+            scheme = _SCHEME.match(source)
+            userinfo = source[scheme.end() if scheme else 0:].rpartition("@")[0]
+            secrets.update({userinfo, unquote(userinfo), *userinfo.split(":"), *unquote(userinfo).split(":")})
+        else:
+            secrets.add(source)
+    for secret in sorted(secrets, key=len, reverse=True):  # the whole userinfo before its parts
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
 
 
 class Device:
@@ -164,6 +201,25 @@ class RemoteDevice(Device):
         from .engines.remote import connect  # the remote engine picks the framing for its scheme
         return connect(self)
 
+    def _renew(self):
+        """A new session in place of none or a lost one. Where the lost one's peer cannot be reached
+        (or refuses), the error says first that the lost session and its arrays' data are gone: a
+        read of an array made in it (pending when the peer restarted) fails for that, whatever
+        becomes of a new session."""
+        with self._lock:
+            lost = self._engine
+            if lost is not None and lost.lost is None:  # another thread renewed it meanwhile
+                return lost
+            try:
+                self._engine = self._make_engine()
+                return self._engine
+            except EmberError as error:
+                if lost is None:  # the first session: nothing was lost
+                    raise
+                failed = error
+        raise with_prefix(failed, f"the session with {self} is lost, and the data of its arrays with it "
+                                  f"({lost.lost}); a new one cannot be opened") from None
+
     @property
     def hardware(self) -> tuple:
         return ("remote", self.host, self.port, self.index)
@@ -240,7 +296,8 @@ def device(spec: str | Device | None = None, *, tls_ca: str | os.PathLike | None
     if isinstance(spec, Device) and tls_ca is None:
         return spec
     if not isinstance(spec, str):
-        raise _tls_ca_misplaced(spec) if tls_ca else DeviceError(f"expected a device or a device string, got {spec!r}")
+        raise _tls_ca_misplaced(spec) if tls_ca else DeviceError(f"expected a device or a device string, got "
+                                                                 f"{redacted(repr(spec))}")
     if tls_ca is not None:
         tls_ca = os.path.abspath(tls_ca)  # the file, wherever the program changes directory to later
     key = spec if tls_ca is None else (spec, tls_ca)
@@ -256,7 +313,7 @@ def device(spec: str | Device | None = None, *, tls_ca: str | os.PathLike | None
 
 
 def _tls_ca_misplaced(spec) -> DeviceError:
-    return DeviceError(f"tls_ca applies to TLS device strings (embers://, wss://), not {spec!r}")
+    return DeviceError(f"tls_ca applies to TLS device strings (embers://, wss://), not {redacted(spec)!r}")
 
 
 def _canonical(d: Device) -> str:
@@ -280,34 +337,38 @@ def _parse(spec: str, tls_ca: str | None = None) -> Device:
             index = parts[1] if len(parts) == 2 else "0"
             if index.isdigit():
                 return LocalDevice("torch", f"torch:cuda:{int(index)}")
-        raise DeviceError(f"bad torch device {spec!r}: expected torch:cpu, torch:cuda or torch:cuda:N")
+        raise DeviceError(f"bad torch device {redacted(spec)!r}: expected torch:cpu, torch:cuda or torch:cuda:N")
     if text == "jax" or text.startswith("jax:"):
         parts = text.split(":")[1:] or ["cpu"]
         if parts == ["cpu"]:
             return LocalDevice("jax", "jax:cpu")
         if parts[0] == "gpu" and len(parts) <= 2 and (len(parts) == 1 or parts[1].isdigit()):
             return LocalDevice("jax", f"jax:gpu:{int(parts[1]) if len(parts) == 2 else 0}")
-        raise DeviceError(f"bad jax device {spec!r}: expected jax:cpu, jax:gpu or jax:gpu:N")
+        raise DeviceError(f"bad jax device {redacted(spec)!r}: expected jax:cpu, jax:gpu or jax:gpu:N")
     if "://" in text:
         return _parse_remote(spec, text, tls_ca)
-    raise DeviceError(f"unknown device {spec!r}: expected numpy, torch:cpu, torch:cuda:N, jax:cpu, jax:gpu:N, capture, "
-                      f"ember://host:port/N or ws://host:port/N (embers:// or wss:// over TLS)")
+    raise DeviceError(f"unknown device {redacted(spec)!r}: expected numpy, torch:cpu, torch:cuda:N, jax:cpu, jax:gpu:N, "
+                      f"capture, ember://host:port/N or ws://host:port/N (embers:// or wss:// over TLS)")
 
 
 def _parse_remote(spec: str, text: str, tls_ca: str | None) -> RemoteDevice:
+    shown = redacted(spec)  # errors name the string without its token, and hold no exception that has it
     try:
         url = urlsplit(text)
         host, port = url.hostname, url.port or DEFAULT_PORT
+        problem = None
     except ValueError as error:
-        raise DeviceError(f"bad remote device {spec!r}: {error}") from None
+        problem = redact_secrets(str(error), spec)
+    if problem is not None:  # raised here, out of the except clause: no __context__ quotes the string
+        raise DeviceError(f"bad remote device {shown!r}: {problem}")
     if url.scheme not in ("ember", "ws", "embers", "wss"):
-        raise DeviceError(f"bad remote device {spec!r}: the scheme must be ember:// (TCP) or ws:// (WebSocket), "
+        raise DeviceError(f"bad remote device {shown!r}: the scheme must be ember:// (TCP) or ws:// (WebSocket), "
                           f"or embers:// or wss:// over TLS")
     if not host:
-        raise DeviceError(f"bad remote device {spec!r}: no host")
+        raise DeviceError(f"bad remote device {shown!r}: no host")
     path = url.path.strip("/") or "0"
     if not path.isdigit():
-        raise DeviceError(f"bad remote device {spec!r}: the path must be a device index like /0")
+        raise DeviceError(f"bad remote device {shown!r}: the path must be a device index like /0")
     token = unquote(url.username) if url.username else os.environ.get("EMBER_TOKEN") or None
     if url.scheme in ("embers", "wss") and tls_ca is None and os.environ.get("EMBER_TLS_CA"):
         tls_ca = os.path.abspath(os.environ["EMBER_TLS_CA"])

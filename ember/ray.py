@@ -13,7 +13,9 @@ that carry it, as ``ember://TOKEN@host:port/N`` would; a device prints without i
 nothing here logs or shows one. The serving rules hold as for ``ember serve``: a peer off
 loopback needs TLS (``tls_cert=``, ``tls_key=``: files on every node, a certificate valid for
 every node's address; ``tls_ca=`` for the client and the peers to trust) unless ``insecure=True``
-says the cluster's network is trusted; a token it always has.
+says the cluster's network is trusted; a token it always has. The peers of a fleet fetch tensors
+from each other (``x.to_device``, ``ember.distributed``) and from no other peer: ``launch`` fills
+each one's ``fetch_from`` with the fleet's addresses once they all listen.
 
 The actors are named ``ember-FLEET-I`` in the Ray namespace ``ember``, so another program on the
 cluster finds them: ``peers()`` (and ``ember devices ray://auto``) lists them, never their tokens.
@@ -82,6 +84,10 @@ class PeerActor:
         return Peer(name=f"ember-{self.fleet}-{self.index}", url=f"{'embers' if server.tls else 'ember'}://{host}:{server.port}",
                     devices=tuple(str(d) for d in server.devices), node=ray.util.get_node_ip_address(), pid=os.getpid())
 
+    def trust(self, addresses: list) -> None:
+        """Fetch tensors from the peers at ``addresses`` ("host:port": the fleet's, this one's too)."""
+        self.server.fetcher.trust(addresses)
+
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
@@ -98,7 +104,9 @@ def launch(n: int, device: str = "numpy", *, resources: dict | None = None, host
       other nodes reach; "127.0.0.1" for a cluster on this one machine (then no TLS is needed).
     - ``tls_ca``: the CA file the returned devices trust, and the peers when they fetch from each
       other; ``options`` go to each peer's :class:`~ember.Server`: ``tls_cert``, ``tls_key``,
-      ``insecure``, ``max_memory``, ``idle_timeout``, ``transfer_ttl`` …
+      ``insecure``, ``max_memory``, ``idle_timeout``, ``transfer_ttl`` … Each peer fetches tensors from
+      the fleet's other peers (their addresses fill its ``fetch_from``), and from those of a
+      ``fetch_from`` given here.
     - ``timeout``: seconds to wait for the cluster to place every peer.
 
     Starts a local Ray instance (``ray.init()``) when this process has not connected to one. A
@@ -128,6 +136,9 @@ def launch(n: int, device: str = "numpy", *, resources: dict | None = None, host
     try:
         peers = _serving(ray, [a.start.remote(device, token, host, options) for a, token in zip(actors, tokens)],
                          host, timeout, resources)
+        # the peers of a fleet fetch from each other (x.to_device, all_reduce) and from nobody else (--fetch-from)
+        addresses = [peer.url.split("://", 1)[1] for peer in peers]
+        ray.get([a.trust.remote(addresses) for a in actors], timeout=timeout)
     except BaseException:
         for a in actors:  # no client knows them yet: their servers simply end with their processes
             ray.kill(a)

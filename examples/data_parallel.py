@@ -58,7 +58,9 @@ def main(argv=None) -> int:
             stack.callback(ember.ray.shutdown)
             urls = ember.ray.launch(args.ray, device=args.peer_device)  # devices that carry their peers' tokens
         else:
-            urls = [stack.enter_context(PeerProcess("--device", args.peer_device)).url() for _ in range(args.peers)]
+            # loopback peers that fetch from each other (the all-reduce's moves)
+            urls = [stack.enter_context(PeerProcess("--device", args.peer_device, "--fetch-from", "127.0.0.1")).url()
+                    for _ in range(args.peers)]
         print(f"data parallel over {len(urls)} peers: {', '.join(map(str, urls))}", flush=True)
         result = train_data_parallel(urls, steps=args.steps, lr=args.lr, dtype=np.dtype(args.dtype), on_step=on_step)
         print(f"{result['seconds_per_step'] * 1e3:.2f} ms per step")

@@ -18,13 +18,22 @@ from hypothesis import strategies as st
 
 import ember as em
 from ember.ops import table
-from ember.remote.session import Budget, Host, hosted_devices
+from ember.remote.session import (
+    GRAPH_COMPILE_BYTES,
+    GRAPH_NODE_BYTES,
+    GRAPH_OVERHEAD,
+    TENSOR_OVERHEAD,
+    Budget,
+    Host,
+    hosted_devices,
+)
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, FrameReader, Limits
 
 from .traffic import register_message
 
 MiB = 1 << 20
+PER_ID = TENSOR_OVERHEAD  # what each tensor id costs besides its data, failed ones included
 
 
 def _open(host: Host):
@@ -50,6 +59,18 @@ def _replies(session, *messages, segments=()):
     return _send(session, *messages, segments=segments)[0]
 
 
+def _block(nbytes: int) -> np.ndarray:
+    """A float64 tensor whose data and id take exactly ``nbytes`` of a session's quota."""
+    return np.ones((nbytes - PER_ID) // 8)
+
+
+def _registered(message) -> int:
+    """What a graph registered by ``message`` holds besides its constants' data: its entry, each
+    op, input and output, and each constant's id."""
+    _, _, inputs, outputs, ops, constants = message
+    return GRAPH_OVERHEAD + GRAPH_NODE_BYTES * (len(ops) + len(inputs) + len(outputs)) + PER_ID * len(constants)
+
+
 def _quota(what, nbytes, used, quota=64 * MiB):
     return f"{what}: {nbytes} more bytes would exceed this session's quota of {quota} bytes ({used} in use)"
 
@@ -58,18 +79,18 @@ def test_uploads_past_the_session_quota_are_refused_and_the_session_keeps_the_re
     session = _open(_host(session_bytes=64 * MiB))
     block = np.ones(4 * MiB)  # 32 MiB
     assert _replies(session, ("put", 1, 0), ("sync", 0), segments=[block]) == [("ok", 0)]
-    assert session.used == 32 * MiB
+    assert session.used == 32 * MiB + PER_ID
     # the second is declined while it is received: its bytes are read and dropped, not kept
-    refused = ("error", 2, "ResourceLimitError", _quota("put of tensor 2", 32 * MiB + 8, 32 * MiB))
+    refused = ("error", 2, "ResourceLimitError", _quota("put of tensor 2", 32 * MiB + 8 + PER_ID, 32 * MiB + PER_ID))
     assert _replies(session, ("put", 2, 0), ("op", "negative", (2,), (3,), {}), ("get", 2, 2), ("get", 4, 3), ("sync", 5),
                     segments=[np.zeros(4 * MiB + 1)]) == [refused, ("error", 4, *refused[2:]), ("error", 5, *refused[2:])]
-    assert session.used == 32 * MiB and 2 not in session.metas
+    assert session.used == 32 * MiB + 3 * PER_ID and 2 not in session.metas  # 2 and 3 hold their failure
     (data,), (total,) = _send(session, ("op", "sum", (1,), (5,), {}), ("get", 6, 5))
     assert data == ("data", 6, 0) and total == 4 * MiB  # the kept tensor works
     # a frame's tensors are counted as they arrive, before its messages run: a drop frees room for the next frame
     _replies(session, ("drop", (1,)))
     assert _replies(session, ("put", 7, 0), ("sync", 8), segments=[block]) == [("ok", 8)]
-    assert session.used == 32 * MiB + 8
+    assert session.used == 32 * MiB + 8 + 4 * PER_ID
 
 
 def test_a_peer_budget_is_shared_by_its_sessions():
@@ -79,7 +100,7 @@ def test_a_peer_budget_is_shared_by_its_sessions():
     ((kind, rid, error, message), reported) = _replies(second, ("put", 1, 0), ("get", 2, 1), ("sync", 3),
                                                        segments=[np.ones(4 * MiB)])
     assert (kind, error) == ("error", "ResourceLimitError") and reported == ("error", 3, error, message)
-    assert message.startswith(f"put of tensor 1: {32 * MiB} more bytes would exceed the peer's memory budget of "
+    assert message.startswith(f"put of tensor 1: {32 * MiB + PER_ID} more bytes would exceed the peer's memory budget of "
                               f"{48 * MiB} bytes (")
     host.close(first)
     assert _replies(second, ("put", 1, 0), ("sync", 0), segments=[np.ones(4 * MiB)]) == [("ok", 0)]
@@ -88,10 +109,11 @@ def test_a_peer_budget_is_shared_by_its_sessions():
 
 
 def test_an_ops_outputs_and_its_kernels_scratch_are_counted_before_it_runs():
-    session = _open(_host(session_bytes=16 * MiB, tensor_bytes=4 * MiB))
+    session = _open(_host(session_bytes=16 * MiB, tensor_bytes=256 * MiB))
     x, w = np.ones((1, 1, 1, 1)), np.ones((1, 1, 1, 1))
     _replies(session, ("put", 1, 0), ("put", 2, 1), segments=[x, w])
     # a padded copy of (1 + 2·2500)² float64 elements: 200 MB for a 1-element input, refused before it exists
+    # (within the tensor limit here: test_accounting shows the tensor limit refusing it too)
     ((_, _, kind, message),) = _replies(session, ("op", "conv2d", (1, 2), (3,), {"padding": 2500, "stride": 2500}), ("get", 4, 3))
     assert kind == "ResourceLimitError" and message.startswith("conv2d: ") and "quota of 16777216 bytes" in message
     assert _replies(session, ("op", "conv2d", (1, 2), (5,), {"padding": 10}), ("shape", 6, (5,))) == [
@@ -101,8 +123,8 @@ def test_an_ops_outputs_and_its_kernels_scratch_are_counted_before_it_runs():
     mask[::1000] = True
     _replies(session, ("put", 7, 0), segments=[mask])
     ((_, _, kind, message),) = _replies(session, ("op", "nonzero", (7,), (8,), {}), ("get", 9, 8))
-    assert kind == "ResourceLimitError" and message.startswith(f"nonzero: {24 * MiB} more bytes would exceed")
-    assert session.used == 3 * MiB + 16 + 21 * 21 * 8  # nothing refused is counted
+    assert kind == "ResourceLimitError" and message.startswith(f"nonzero: {24 * MiB + PER_ID} more bytes would exceed")
+    assert session.used == 3 * MiB + 16 + 21 * 21 * 8 + 6 * PER_ID  # a refused op's outputs hold their failure alone
 
 
 def test_data_dependent_outputs_are_checked_against_the_tensor_limit_once_their_size_is_known():
@@ -152,14 +174,14 @@ def test_a_graph_counts_its_constants_while_registered_and_its_intermediates_whi
     session = _open(_host(session_bytes=24 * MiB))
     message = register_message(7, graph)
     _replies(session, message, ("put", 1, 1), segments=[*graph.constants.values(), np.ones(1024)])
-    assert session.used == 8 * MiB + 8192
+    assert session.used == 8 * MiB + _registered(message) + 8192 + PER_ID
     (data,), segments = _send(session, ("run", 7, (1,), (2,)), ("get", 3, 2))
     assert data[0] == "data"
     ((_, _, kind, text),) = _replies(session, ("put", 4, 0), ("run", 7, (1,), (5,)), ("get", 6, 5),
                                      segments=[np.ones(1024 * 1024)])  # 8 MiB more: no room for big * a
     assert kind == "ResourceLimitError" and text.startswith("run of graph 7: ")
     _replies(session, ("forget", 7))
-    assert session.used == 8192 + 8 + 8 * MiB
+    assert session.used == 8192 + 8 + 8 * MiB + 4 * PER_ID  # tensors 1, 2, 4 and 5 (its failure): the graph's went
 
 
 def test_idle_pool_buffers_count_against_the_budget_and_give_way_first():
@@ -284,9 +306,9 @@ def test_a_tensor_that_arrives_already_received_is_counted_when_it_is_kept():
     session = _open(_host(session_bytes=MiB))
     big = np.ones(MiB // 8 + 1)  # a segment no frame reader allocated (nothing was reserved for it)
     replies = session.handle(Frame({"t": "batch", "m": (("put", 1, 0), ("get", 2, 1), ("sync", 3))}, [big]))
-    refusal = _quota("put", MiB + 8, 0, quota=MiB)
+    refusal = _quota("put of tensor 1", MiB + 8 + PER_ID, 0, quota=MiB)
     assert replies[0][0]["m"] == [("error", 2, "ResourceLimitError", refusal), ("error", 3, "ResourceLimitError", refusal)]
-    assert session.used == 0 and 1 not in session.metas
+    assert session.used == PER_ID and 1 not in session.metas  # its id holds the refusal
 
 
 def test_a_segment_declined_before_the_frame_came_is_refused_by_its_put():
@@ -300,19 +322,20 @@ def test_every_output_of_an_op_and_its_scratch_count_together():
     mask = np.ones((256, 256), dtype=bool)  # nonzero gives two index arrays of up to 65,536 int64 each
     _replies(session, ("put", 1, 0), segments=[mask])
     ((_, _, kind, message),) = _replies(session, ("op", "nonzero", (1,), (2, 3), {}), ("get", 4, 2))
-    assert kind == "ResourceLimitError" and message.startswith(f"nonzero: {MiB} more bytes would exceed")
+    assert kind == "ResourceLimitError" and message.startswith(f"nonzero: {MiB + 2 * PER_ID} more bytes would exceed")
     session = _open(_host(session_bytes=3 * MiB))
     x, w = np.ones((1, 1, 64, 64)), np.ones((64, 1, 1, 1))  # a 2 MiB output; its parts are joined from a 2 MiB copy
     _replies(session, ("put", 1, 0), ("put", 2, 1), segments=[x, w])
     ((_, _, kind, message),) = _replies(session, ("op", "conv2d", (1, 2), (3,), {}), ("get", 4, 3))
-    assert kind == "ResourceLimitError" and message.startswith(f"conv2d: {4 * MiB + 32768} more bytes would exceed")
+    assert kind == "ResourceLimitError" and message.startswith(f"conv2d: {4 * MiB + 32768 + PER_ID} more bytes would exceed")
 
 
 def test_a_copy_for_a_reply_is_refused_past_the_quota_and_the_session_lives_on():
     session = _open(_host(session_bytes=2 * MiB + 4096))
     _replies(session, ("put", 1, 0), ("op", "permute_dims", (1,), (2,), {"axes": (1, 0)}), segments=[np.ones((256, 512))])
     assert _replies(session, ("get", 3, 2), ("get", 4, 1)) == [
-        ("error", 3, "ResourceLimitError", _quota("get", MiB, 2 * MiB, quota=2 * MiB + 4096)), ("data", 4, 0)]
+        ("error", 3, "ResourceLimitError", _quota("get of tensor 2", MiB, 2 * MiB + 2 * PER_ID, quota=2 * MiB + 4096)),
+        ("data", 4, 0)]
 
 
 def test_a_graphs_constants_count_while_it_is_registered_and_a_refused_graph_keeps_none():
@@ -330,10 +353,10 @@ def test_a_graphs_constants_count_while_it_is_registered_and_a_refused_graph_kee
     expected = np.pad(np.arange(16.0) * 1 + 2, 0).reshape(4, 4)
     padded = np.pad(expected, 1)
     np.testing.assert_array_equal(y[0, 0], [[padded[i:i + 3, j:j + 3].sum() for j in range(4)] for i in range(4)])
-    assert session.used == sum(c.nbytes for c in constants) + 128 + 128
+    assert session.used == sum(c.nbytes for c in constants) + _registered(register) + 2 * (128 + PER_ID)
     broken = register[:4] + ((("no_such_op", (0,), (99,), {}),), register[5])
     _send(session, broken, segments=constants)  # the same number, now refused: the old graph and its constants go
-    assert session.used == 128 + 128 and session.graphs[7][4] is not None
+    assert session.used == GRAPH_OVERHEAD + 2 * (128 + PER_ID) and session.graphs[7][4] is not None  # its entry alone
 
 
 def test_the_budget_holds_exactly_its_limit_and_a_pool_gives_way_largest_first_only_as_needed():
@@ -377,27 +400,27 @@ def test_a_session_keeps_a_little_credit_of_the_budget_and_gives_back_the_rest()
     from ember.remote.session import CREDIT
     host = _host(session_bytes=1 << 40, memory=64 * MiB)
     session = _open(host)
-    session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [np.ones(MiB // 8)]))  # 1 MiB, nothing reserved
+    session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(MiB)]))  # 1 MiB, nothing reserved
     assert (session.used, session.credit, host.budget.used) == (MiB, CREDIT, MiB + CREDIT)
     session.handle(Frame({"t": "batch", "m": (("drop", (1,)),)}, []))
     assert (session.used, session.credit, host.budget.used) == (0, 2 * CREDIT, 2 * CREDIT)  # at 2 credits: kept
-    session.handle(Frame({"t": "batch", "m": (("put", 2, 0), ("drop", (2,)))}, [np.ones(3 * MiB // 8)]))
+    session.handle(Frame({"t": "batch", "m": (("put", 2, 0), ("drop", (2,)))}, [_block(3 * MiB)]))
     assert (session.used, session.credit, host.budget.used) == (0, CREDIT, CREDIT)  # past 2 credits: one is kept
     tight = _host(session_bytes=1 << 40, memory=MiB + 4096)
     lean = _open(tight)
-    lean.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [np.ones(MiB // 8)]))  # no room for a credit beside it
+    lean.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(MiB)]))  # no room for a credit beside it
     assert (lean.used, lean.credit, tight.budget.used) == (MiB, 0, MiB)
-    lean.handle(Frame({"t": "batch", "m": (("put", 2, 0),)}, [np.ones(512)]))  # 4 KiB: exactly the rest of the budget
-    assert (lean.used, tight.budget.used) == (MiB + 4096, MiB + 4096) and lean.metas[2].shape == (512,)
+    lean.handle(Frame({"t": "batch", "m": (("put", 2, 0),)}, [_block(4096)]))  # 4 KiB: exactly the rest of the budget
+    assert (lean.used, tight.budget.used) == (MiB + 4096, MiB + 4096) and lean.metas[2].shape == ((4096 - PER_ID) // 8,)
     tight.close(lean)
     assert (lean.used, lean.credit, tight.budget.used) == (0, 0, tight.pool.total)
 
 
 def test_a_session_may_fill_its_quota_exactly():
     session = _open(_host(session_bytes=MiB))
-    assert _replies(session, ("put", 1, 0), ("sync", 2), segments=[np.ones(MiB // 8)]) == [("ok", 2)]
+    assert _replies(session, ("put", 1, 0), ("sync", 2), segments=[_block(MiB)]) == [("ok", 2)]
     ((_, _, kind, message), _) = _replies(session, ("put", 3, 0), ("get", 4, 3), ("sync", 5), segments=[np.ones(1)])
-    assert kind == "ResourceLimitError" and message == "put of tensor 3: " + _quota("put", 8, MiB, quota=MiB)[5:]
+    assert kind == "ResourceLimitError" and message == _quota("put of tensor 3", 8 + PER_ID, MiB, quota=MiB)
 
 
 def test_a_frames_tensors_no_message_keeps_are_given_back_and_reads_follow_writes():
@@ -407,7 +430,7 @@ def test_a_frames_tensors_no_message_keeps_are_given_back_and_reads_follow_write
     (first, second), (a, b) = _send(session, ("put", 1, 0), ("get", 2, 1), ("put", 1, 1), ("get", 3, 1),
                                     segments=[np.zeros(4), np.ones(4)])
     assert (first, second) == (("data", 2, 0), ("data", 3, 1)) and a.tolist() == [0.0] * 4 and b.tolist() == [1.0] * 4
-    assert session.used == 32
+    assert session.used == 32 + PER_ID
 
 
 def test_the_copies_of_two_tensors_in_one_reply_are_both_counted():
@@ -422,7 +445,8 @@ def test_a_multi_output_op_counts_all_its_outputs_and_one_at_the_limit_is_allowe
     session = _open(_host(session_bytes=64 * 8 + 64 * 64 * 8 + 64 * 8 + 100))
     _replies(session, ("put", 1, 0), segments=[np.eye(64)])
     ((_, _, kind, message),) = _replies(session, ("op", "eigh", (1,), (2, 3), {}), ("get", 4, 2))
-    assert kind == "ResourceLimitError" and message.startswith(f"eigh: {64 * 8 + 64 * 64 * 8} more bytes would exceed")
+    assert kind == "ResourceLimitError" and message.startswith(f"eigh: {64 * 8 + 64 * 64 * 8 + 2 * PER_ID} more bytes "
+                                                               "would exceed")
     exact = _open(_host(tensor_bytes=65536))
     _replies(exact, ("put", 1, 0), segments=[np.ones(8192, dtype=bool)])
     assert _replies(exact, ("op", "nonzero", (1,), (2,), {}), ("shape", 3, (2,))) == [("shapes", 3, ((8192,),))]
@@ -439,22 +463,22 @@ def _doubling():
 def test_a_declined_graph_constant_is_named_and_a_graph_may_fill_the_quota_exactly():
     graph = _doubling()
     register = register_message(7, graph)
-    session = _open(_host(session_bytes=8192))  # exactly the constant
+    # exactly the graph: its constant, what it keeps of its nodes, and what it holds while it is compiled
+    session = _open(_host(session_bytes=8192 + _registered(register) + GRAPH_COMPILE_BYTES * len(register[4])))
     assert _replies(session, register, ("sync", 1), segments=list(graph.constants.values())) == [("ok", 1)]
-    assert session.used == 8192
-    session = _open(_host(session_bytes=8191))
+    assert session.used == 8192 + _registered(register)
+    session = _open(_host(session_bytes=8192 + PER_ID - 1))  # no room for the constant as it arrives
     ((_, _, kind, message), _) = _replies(session, register, ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2),
                                           ("sync", 4), segments=[*graph.constants.values(), np.ones(1)])
-    assert (kind, message) == ("ResourceLimitError", "graph: constant 1: 8192 more bytes would exceed this session's "
-                                                     "quota of 8191 bytes (0 in use)")
+    assert (kind, message) == ("ResourceLimitError", _quota("graph: constant 1", 8192 + PER_ID, 0, quota=8192 + PER_ID - 1))
 
 
 def test_credit_is_taken_for_what_is_missing_only():
     from ember.remote.session import CREDIT
     host = _host(session_bytes=1 << 40, memory=64 * MiB)
     session = _open(host)
-    session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [np.ones(MiB // 8)]))
-    session.handle(Frame({"t": "batch", "m": (("put", 2, 0),)}, [np.ones(3 * MiB // 8)]))  # 2 MiB short of credit
+    session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(MiB)]))
+    session.handle(Frame({"t": "batch", "m": (("put", 2, 0),)}, [_block(3 * MiB)]))  # 2 MiB short of credit
     assert (session.used, session.credit, host.budget.used) == (4 * MiB, CREDIT, 4 * MiB + CREDIT)
 
 
@@ -465,7 +489,7 @@ def test_outputs_written_over_live_tensors_give_their_bytes_back_whichever_path_
     _replies(session, ("op", "eigh", (1,), (5, 0), {}))             # two outputs over live tensors
     mask = np.array([True, False, True])
     _replies(session, ("put", 7, 0), ("op", "nonzero", (7,), (0,), {}), segments=[mask])  # a data-dependent one at id 0
-    assert session.used == session.live_bytes() == 128 + 4 * 8 + 3 + 2 * 8
+    assert session.used == session.live_bytes() == 128 + 4 * 8 + 3 + 2 * 8 + 4 * PER_ID
     assert session.metas[5].shape == (4,) and session.metas[0].shape == (2,)
 
 
@@ -481,8 +505,10 @@ def test_a_graph_constant_that_arrived_already_received_is_counted_and_refused_p
     session = _open(_host(session_bytes=8191))
     replies = session.handle(Frame({"t": "batch", "m": (register, ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2))},
                                    [*graph.constants.values(), np.ones(1)]))
-    assert replies[0][0]["m"] == [("error", 3, "ResourceLimitError", "graph: constant 1: 8192 more bytes would exceed "
-                                                                      "this session's quota of 8191 bytes (0 in use)")]
+    # the graph's entry, nodes and compiling are counted first; then the constant has no room
+    in_use = _registered(register) - PER_ID + GRAPH_COMPILE_BYTES * len(register[4])
+    assert replies[0][0]["m"] == [("error", 3, "ResourceLimitError",
+                                   _quota("graph: constant 1", 8192 + PER_ID, in_use, quota=8191))]
 
 
 def test_credit_at_its_edges():
@@ -490,19 +516,19 @@ def test_credit_at_its_edges():
     host = _host(session_bytes=1 << 40, memory=64 * MiB)
     session = _open(host)
     for k in range(2):  # the second is exactly the credit left: it takes nothing more from the budget
-        session.handle(Frame({"t": "batch", "m": (("put", k, 0),)}, [np.ones(MiB // 8)]))
+        session.handle(Frame({"t": "batch", "m": (("put", k, 0),)}, [_block(MiB)]))
     assert (session.used, session.credit, host.budget.used) == (2 * MiB, 0, 2 * MiB)
     tight = _host(session_bytes=1 << 40, memory=5 * MiB // 2)
     lean = _open(tight)
     for k, size in enumerate((MiB, MiB, MiB // 2)):  # the last finds no room for a credit beside it
-        lean.handle(Frame({"t": "batch", "m": (("put", k, 0),)}, [np.ones(size // 8)]))
+        lean.handle(Frame({"t": "batch", "m": (("put", k, 0),)}, [_block(size)]))
     assert (lean.used, lean.credit, tight.budget.used) == (5 * MiB // 2, 0, 5 * MiB // 2)
     lean.handle(Frame({"t": "batch", "m": (("drop", (0, 1, 2)),)}, []))  # 2.5 MiB back: more than 2 credits, one kept
     assert (lean.used, lean.credit, tight.budget.used) == (0, CREDIT, CREDIT)
     short = _host(session_bytes=1 << 40, memory=3 * MiB)
     spare = _open(short)
-    spare.handle(Frame({"t": "batch", "m": (("put", 0, 0),)}, [np.ones(MiB // 16)]))  # ½ MiB used, 1 MiB of credit
-    spare.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [np.ones(MiB // 4)]))  # 2 MiB: the credit and 1 MiB more
+    spare.handle(Frame({"t": "batch", "m": (("put", 0, 0),)}, [_block(MiB // 2)]))  # ½ MiB used, 1 MiB of credit
+    spare.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(2 * MiB)]))  # 2 MiB: the credit and 1 MiB more
     assert (spare.used, spare.credit, short.budget.used) == (5 * MiB // 2, 0, 5 * MiB // 2)  # (no room for a new credit)
 
 
@@ -512,7 +538,8 @@ def test_a_graph_run_may_fill_the_quota_exactly():
         cap.output(a * 2.0, "y")
     graph = cap.graph
     register = register_message(7, graph)
-    session = _open(_host(session_bytes=2 * 8192))  # the input, and the run's one intermediate and output
+    quota = _registered(register) + 2 * (8192 + PER_ID)  # the graph, the input, and the run's one output
+    session = _open(_host(session_bytes=quota))
     assert _replies(session, register, ("put", 1, 0), ("run", 7, (1,), (2,)), ("sync", 3), segments=[np.ones(1024)]) \
         == [("ok", 3)]
-    assert session.used == 2 * 8192 and session.metas[2].shape == (1024,)
+    assert session.used == quota and session.metas[2].shape == (1024,)

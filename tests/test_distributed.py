@@ -40,7 +40,7 @@ def peers():
     started = []
     try:
         for backend in backends:
-            started.append(Peer("--device", backend))
+            started.append(Peer("--device", backend, "--fetch-from", "127.0.0.1"))  # they fetch from each other
         yield started
     finally:
         for peer in started:
@@ -247,7 +247,7 @@ def test_a_refused_call_sends_nothing(peers):
 
 def test_a_peer_dying_mid_collective_fails_the_reads_with_connection_lost_and_the_others_go_on(peers):
     a, b = _devices(peers)[:2]
-    doomed = Peer("--device", "numpy")
+    doomed = Peer("--device", "numpy", "--fetch-from", "127.0.0.1")
     try:
         c = em.device(doomed.url())
         x, y = em.asarray(np.arange(6.0), device=a), em.asarray(np.ones(6), device=b)

@@ -70,7 +70,7 @@ def test_mutated_traffic_is_answered_or_refused_and_the_session_still_computes(t
             break
     assert host.budget.used == session.used + session.credit + host.pool.total
     assert session.used == session.live_bytes() + session.replying + sum(g[5] for g in session.graphs.values()) + \
-        sum(session._received.values())
+        sum(session._received.values()) + session.runs_bytes
     if not refused:  # what it kept still works beside new work
         x, fresh = np.arange(5.0), 10**9
         work = (("put", fresh, 0), ("op", "multiply", (fresh, (2.0, "float64")), (fresh + 1,), {}), ("get", 1, fresh + 1))

@@ -18,13 +18,15 @@ from hypothesis import strategies as st
 
 from ember import dtypes as dt
 from ember.errors import ProtocolError
-from ember.remote.session import BufferPool, Host, hosted_devices
+from ember.remote.session import RUN_OP_BYTES, RUN_OVERHEAD, TENSOR_OVERHEAD, BufferPool, Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
+from .test_budget import _registered
 from .traffic import register_message
 
 TOKEN = "s3cret"
+PER_ID = TENSOR_OVERHEAD  # what each tensor id costs besides its data
 HOSTS = "this peer hosts 1 device(s) (numpy)"
 
 
@@ -44,6 +46,12 @@ def _batch(session, *messages, segments=()):
 
 def _replies(frames) -> list:
     return [m for header, _ in frames for m in header["m"]]
+
+
+def _requota(session, quota: int) -> None:
+    """Give ``session`` another quota (a peer's limits are fixed: the op path's ceiling is set again by hand)."""
+    session.limits = replace(session.limits, max_session_bytes=quota)
+    session._room()
 
 
 def test_handshake_opens_a_session_or_refuses_with_a_reason():
@@ -135,11 +143,13 @@ def test_the_info_reply_describes_the_host_and_each_session_is_new():
     assert info["dtypes"] == ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                               "float32", "float64", "complex64", "complex128")
     assert info["limits"] == {"max_header_bytes": 64 << 20, "max_tensor_bytes": 1 << 16, "max_frame_bytes": 8 << 30,
-                              "max_session_bytes": 1 << 62}
+                              "max_session_bytes": 1 << 62, "max_session_tensors": 1 << 20, "max_session_graphs": 1 << 12,
+                              "max_graph_ops": 1 << 16}
     assert len(info["session"]) == 32 and int(info["session"], 16) >= 0 and again["session"] != info["session"]
     assert info["session"] == first.id and again["peer"] == info["peer"] == host.identity != info["session"]  # one peer
     assert first.pool is pool and first.registry is host.registry
-    assert _replies(_batch(first, ("stats", 1))) == [("stats", 1, {"session_tensors": 0, "session_bytes": 0, "session_ops": 0,
+    assert _replies(_batch(first, ("stats", 1))) == [("stats", 1, {"session_tensors": 0, "session_bytes": 0,
+                                                                   "session_used_bytes": 0, "session_ops": 0,
                                                                    "session_runs_replayed": 0, "session_graphs": 0, "sessions": 2,
                                                                    "live_tensors": 0})]
 
@@ -220,11 +230,14 @@ def _captured():
 def test_a_registered_graph_runs_with_its_constants_and_counts_its_ops():
     graph, session = _captured(), _open(_host())
     a = np.array([[2.0, 0.0], [0.0, 4.0]])
-    replies = _batch(session, register_message(7, graph), ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2),
+    register = register_message(7, graph)
+    replies = _batch(session, register, ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2),
                      ("run", 7, (1,), (4,)), ("stats", 5), segments=[*graph.constants.values(), a])
     ((header, (y,)),) = replies
     np.testing.assert_array_equal(y, np.linalg.inv(a) + [1.0, 2.0])
-    assert header["m"][1] == ("stats", 5, {"session_tensors": 3, "session_bytes": 3 * 32, "session_ops": 4,
+    held = 3 * (32 + PER_ID) + _registered(register) + 16  # what its quota counts: three tensors and the graph
+    assert header["m"][1] == ("stats", 5, {"session_tensors": 3, "session_bytes": 3 * (32 + PER_ID),
+                                           "session_used_bytes": held, "session_ops": 4,
                                            "session_runs_replayed": 0, "session_graphs": 1, "sessions": 1,
                                            "live_tensors": 3})
     assert session.metas[4] == session.metas[2] and np.array_equal(session.tensors[4], y)
@@ -258,7 +271,8 @@ def test_a_registered_graph_is_compiled_as_a_local_jit_is():
 
 def test_a_registered_graph_reserves_the_op_paths_peak_not_every_intermediate():
     """An 80-op chain on 10,000 float64 (80 kB an array) holds at most two arrays at once on the op path (and its
-    plan, one): a run reserves those 160 kB, not the 6.4 MB of every intermediate. One byte less is refused."""
+    plan, one): a run reserves those 160 kB (and their ids), not the 6.4 MB of every intermediate. One byte less is
+    refused."""
     import ember as em
     with em.capture() as cap:
         y = cap.input((10_000,), em.float64, "x")
@@ -269,18 +283,21 @@ def test_a_registered_graph_reserves_the_op_paths_peak_not_every_intermediate():
     expected = host
     for _ in range(40):
         expected = expected * 1.5 - 1.0
-    session = _open(_host(Limits(max_tensor_bytes=1 << 20, max_session_bytes=80_000 + 160_000)))
-    _batch(session, register_message(1, cap.graph), ("put", 1, 0), segments=[host])
-    assert session.graphs[1][6] == 160_000  # the need a run reserves
+    array = 80_000 + PER_ID  # an array and its id
+    register = register_message(1, cap.graph)
+    quota = _registered(register) + 3 * array  # the graph, the input, and the run's two arrays at once
+    session = _open(_host(Limits(max_tensor_bytes=1 << 20, max_session_bytes=quota)))
+    _batch(session, register, ("put", 1, 0), segments=[host])
+    assert session.graphs[1][6] == 2 * array  # the need a run reserves
     (_, (y,)), = _batch(session, ("run", 1, (1,), (2,)), ("get", 3, 2))
     np.testing.assert_array_equal(y, expected)
-    assert session.used == session.live_bytes() == 160_000  # the input and the result
+    assert session.used == session.live_bytes() + _registered(register) and session.live_bytes() == 2 * array
     _batch(session, ("drop", (2,)))
-    session.limits = replace(session.limits, max_session_bytes=80_000 + 160_000 - 1)
+    _requota(session, quota - 1)
     (reply,) = _replies(_batch(session, ("run", 1, (1,), (4,)), ("get", 5, 4)))
-    assert reply[2:] == ("ResourceLimitError", "run of graph 1: 160000 more bytes would exceed this session's quota "
-                                               "of 239999 bytes (80000 in use)")
-    assert session.used == session.live_bytes() == 80_000
+    assert reply[2:] == ("ResourceLimitError", f"run of graph 1: {2 * array} more bytes would exceed this session's quota "
+                                               f"of {quota - 1} bytes ({_registered(register) + array} in use)")
+    assert session.used == session.live_bytes() + _registered(register) and session.live_bytes() == array + PER_ID
 
 
 @pytest.mark.parametrize("run, kind, message", [
@@ -356,7 +373,7 @@ def test_a_failed_op_poisons_what_depends_on_it_and_is_reported_once():
                            ("sync", 14), ("sync", 15), ("get", 16, 5))) == [
         ("error", 10, *unknown), ("error", 11, *unknown), ("error", 12, *unknown), ("error", 13, *missing),
         ("error", 14, *unknown), ("ok", 15), ("data", 16, 0)]
-    assert session.ops == 4 and 4 not in session.metas  # a failed output has no meta: it counts no bytes
+    assert session.ops == 4 and 4 not in session.metas  # a failed output has no meta: it counts its id alone
 
 
 def test_an_op_of_several_outputs_that_gives_one_keeps_it_as_it_is():
@@ -369,7 +386,7 @@ def test_an_op_of_several_outputs_that_gives_one_keeps_it_as_it_is():
     (header, (first, where)), = _batch(session, ("shape", 1, (2, 3)), ("get", 2, 2), ("get", 3, 3))
     assert header["m"] == [("shapes", 1, ((), (1,))), ("data", 2, 0), ("data", 3, 1)]
     assert first.shape == () and first == 7.0 and np.array_equal(where, [0])
-    assert session.live_bytes() == 8 + 8 + 8
+    assert session.live_bytes() == 8 + 8 + 8 + 3 * PER_ID
 
 
 def test_an_id_read_dropped_and_written_again_in_one_batch_is_read_anew():
@@ -389,7 +406,7 @@ def test_a_data_dependent_op_of_one_output_is_sized_when_it_has_run():
     _batch(session, ("put", 1, 0), ("op", "unique_values", (1,), (2,), {}), segments=[x])
     (header, (values,)), = _batch(session, ("shape", 1, (2,)), ("get", 2, 2))
     assert header["m"] == [("shapes", 1, ((3,),)), ("data", 2, 0)]
-    assert sorted(values) == [1.0, 2.0, 3.0] and session.live_bytes() == x.nbytes + 3 * 8
+    assert sorted(values) == [1.0, 2.0, 3.0] and session.live_bytes() == x.nbytes + 3 * 8 + 2 * PER_ID
 
 
 @pytest.mark.parametrize("dtype", ["uint16", "uint32"])
@@ -423,10 +440,10 @@ def test_defaults_fill_missing_attributes_and_data_dependent_shapes_are_read_on_
     (header, (total, mean)), = _batch(session, ("shape", 1, (2, 3, 4, 5)), ("get", 2, 2), ("get", 3, 5))
     assert header["m"] == [("shapes", 1, ((), (2,), (2,), (2,))), ("data", 2, 0), ("data", 3, 1)]
     assert total == 4.0 and np.array_equal(mean, [0.5, 1.5])
-    assert session.live_bytes() == x.nbytes + 8 + 2 * 8 + 2 * 8 + 16
+    assert session.live_bytes() == x.nbytes + 8 + 2 * 8 + 2 * 8 + 16 + 5 * PER_ID
     _batch(session, ("drop", (1, 3, 999)))  # an unknown id is no error
     assert sorted(session.tensors) == [2, 4, 5] and sorted(session.metas) == [2, 4, 5]
-    assert session.live_bytes() == 8 + 16 + 16
+    assert session.live_bytes() == 8 + 16 + 16 + 3 * PER_ID
 
 
 def test_the_registry_counts_every_open_session_and_forgets_closed_ones():
@@ -552,6 +569,11 @@ def _run(base: int, inputs: tuple, *records, let_go=()) -> tuple:
     return ("ops", base, inputs, _blob(records, let_go))
 
 
+def _learnt(records, let_go=()) -> int:
+    """What a session counts for a run it has compiled: its blob, its entry and each record of its plan."""
+    return len(_blob(records, let_go)) + RUN_OVERHEAD + RUN_OP_BYTES * len(records)
+
+
 # a run as a loop sends it: ids relative to its first output, the array made before it its input -1
 CHAIN = [("multiply", (-1, (1.5, "float64")), (0,), {}), ("sin", (0,), (1,), {}),
          ("add", (1, -1), (2,), {}), ("sum", (2,), (3,), {"axis": None, "keepdims": False, "dtype": None})]
@@ -616,7 +638,7 @@ def test_a_replay_reads_later_tensors_it_did_not_make_and_steps_aside_for_any_ou
     _batch(session, ("put", 42, 0), segments=[x + 100])  # the run at 40 would make 40, 41 and 42: 42 is in use
     _batch(session, ("put", 43, 0), segments=[later])
     _batch(session, _run(40, (9,), *records))
-    assert session.runs_replayed == 1 and session.used == session.live_bytes()  # op by op
+    assert session.runs_replayed == 1 and session.used == session.live_bytes() + session.runs_bytes  # op by op
     (_, (out,)), = _batch(session, ("get", 1, 42))
     np.testing.assert_array_equal(out, expected(x, later)[2])
     for _ in range(3):
@@ -646,7 +668,7 @@ def test_a_run_seen_twice_is_compiled_then_replayed_with_the_op_paths_results():
         for k, expected in enumerate(_chain(x)):
             (_, (out,)), = _batch(session, ("get", 100 + k, base + k))
             np.testing.assert_array_equal(out, expected)
-            assert session.metas[base + k] == session.metas[10 + k] and session.sizes[base + k] == out.nbytes
+            assert session.metas[base + k] == session.metas[10 + k] and session.sizes[base + k] == out.nbytes + PER_ID
     assert session.ops == 16 and _replies(_batch(session, ("sync", 1))) == [("ok", 1)]
     # another input of the same shape and dtype: the plan; of another shape: op by op, the same results
     _batch(session, ("put", 2, 0), ("put", 3, 1), segments=[x + 1, np.arange(6.0)])
@@ -655,11 +677,11 @@ def test_a_run_seen_twice_is_compiled_then_replayed_with_the_op_paths_results():
         for k, expected in enumerate(_chain(host)):
             (_, (out,)), = _batch(session, ("get", 200 + k, base + k))
             np.testing.assert_array_equal(out, expected)
-            assert session.metas[base + k].shape == out.shape and session.sizes[base + k] == out.nbytes
+            assert session.metas[base + k].shape == out.shape and session.sizes[base + k] == out.nbytes + PER_ID
     assert session.runs_replayed == 3
     # outputs over tensors in use: op by op, each old tensor's bytes given back
     _batch(session, _run(40, (1,), *CHAIN))
-    assert session.runs_replayed == 3 and session.used == session.live_bytes()
+    assert session.runs_replayed == 3 and session.used == session.live_bytes() + session.runs_bytes
     # an output below 0: refused at every sighting, as the op path refuses it
     below = [("negative", (-1,), (-2,), {})]
     for base in (100, 110):
@@ -690,27 +712,34 @@ def test_outputs_a_run_let_go_are_never_stored_and_a_replay_reserves_only_the_op
         expected = np.sin(expected)
     expected = expected + x * 1.5
     # the op path holds at most three outputs at once (the first, the last and the one before): 96 bytes, not 256
-    session = _open(_host(Limits(max_tensor_bytes=1 << 16, max_session_bytes=32 + 96)))
+    # (and their ids), beside the input and what the session learnt of the run
+    array, learnt = 32 + PER_ID, _learnt(LINKS, range(7))
+    quota = array + 3 * array + learnt
+    session = _open(_host(Limits(max_tensor_bytes=1 << 16, max_session_bytes=quota)))
     _batch(session, ("put", 1, 0), segments=[x])
     for sighting, base in enumerate((10, 20, 30, 40)):
         _batch(session, _run(base, (1,), *LINKS, let_go=range(7)))
         assert set(session.tensors) == set(session.metas) == set(session.sizes) == {1, base + 7}
-        assert session.runs_replayed == max(0, sighting - 1) and session.used == session.live_bytes() == 64
+        assert session.runs_replayed == max(0, sighting - 1) and session.live_bytes() == 2 * array
+        assert session.used == session.live_bytes() + session.runs_bytes and session.runs_bytes == (
+            learnt if sighting else learnt - RUN_OP_BYTES * len(LINKS))
         (_, (out,)), = _batch(session, ("get", 1, base + 7), ("drop", (base + 7,)))
         np.testing.assert_allclose(out, expected, rtol=1e-12)
     assert session.ops == 32 and _replies(_batch(session, ("sync", 1))) == [("ok", 1)]
     # one byte less: the op path refuses the op that does not fit, and so does the plan (it runs op by op)
-    session.limits = replace(session.limits, max_session_bytes=32 + 95)
+    _requota(session, quota - 1)
     _batch(session, _run(50, (1,), *LINKS, let_go=range(7)))
     assert session.runs_replayed == 2 and set(session.tensors) == {1, 57} and set(session.metas) == {1}  # 57: its failure
-    assert session.used == session.live_bytes() == 32
+    assert session.used == session.live_bytes() + learnt and session.live_bytes() == array + PER_ID
     (reply,) = _replies(_batch(session, ("get", 1, 57)))
-    assert reply[2:] == ("ResourceLimitError", "sin: 32 more bytes would exceed this session's quota of 127 bytes (96 in use)")
+    assert reply[2:] == ("ResourceLimitError", f"sin: {array} more bytes would exceed this session's quota of {quota - 1} "
+                                               f"bytes ({3 * array + learnt} in use)")
     # an output let go that no record reads is freed right after the record that makes it
-    session.limits = replace(session.limits, max_session_bytes=1 << 20)
+    _requota(session, 1 << 20)
     for base in (60, 70, 80):
         _batch(session, _run(base, (1,), ("negative", (-1,), (0,), {}), ("sin", (-1,), (1,), {}), let_go=[0]))
-        assert set(session.metas) == {1, base + 1} and session.used == session.live_bytes() == 64
+        assert set(session.metas) == {1, base + 1} and session.live_bytes() == 2 * array + PER_ID  # and 57's failure
+        assert session.used == session.live_bytes() + session.runs_bytes
         _batch(session, ("drop", (base + 1,)))
     assert session.runs_replayed == 3
 
@@ -721,8 +750,8 @@ def test_outputs_a_run_let_go_are_never_stored_and_a_replay_reserves_only_the_op
     # dropped: unknown
     (lambda s: _batch(s, ("drop", (1,))), "ExecutionError", "multiply: unknown tensor id 1 (dropped, or from another session)"),
     # no room for the outputs: the op that does not fit is refused
-    (lambda s: setattr(s, "limits", replace(s.limits, max_session_bytes=s.used + 40)), "ResourceLimitError",
-     "sin: 32 more bytes would exceed this session's quota"),
+    (lambda s: _requota(s, s.used + 40 + 2 * PER_ID), "ResourceLimitError",
+     f"sin: {32 + PER_ID} more bytes would exceed this session's quota"),
 ])
 def test_a_run_whose_plan_does_not_fit_runs_op_by_op_with_its_errors(spoil, kind, message):
     session = _open(_host(Limits(max_tensor_bytes=1 << 16, max_session_bytes=1 << 20)))
@@ -747,7 +776,7 @@ def test_a_kernel_failing_inside_a_plan_leaves_nothing_and_the_op_path_reports_i
     _batch(session, _run(30, (2,), *inverse))  # singular: the plan raises, the ops then run one by one
     assert session.runs_replayed == 0 and 30 in session.tensors and 31 in session.tensors
     assert _replies(_batch(session, ("sync", 1)))[0][2:] == ("ExecutionError", "inv: Singular matrix (inputs: (2, 2) float64)")
-    assert session.used == used  # the outputs failed: nothing counted for them
+    assert session.used == used + 2 * PER_ID  # the outputs failed: their ids alone are counted
     _batch(session, _run(40, (1,), *inverse))
     (_, (out,)), = _batch(session, ("get", 2, 41))
     np.testing.assert_array_equal(out, np.linalg.inv(np.eye(2) * 2) + 1)
@@ -839,9 +868,9 @@ def test_hostile_runs_are_run_or_refused_at_each_sighting_and_the_session_still_
 def test_a_failure_written_over_a_tensor_takes_its_place_and_its_bytes():
     session = _open(_host())
     _batch(session, ("put", 1, 0), ("op", "negative", (1,), (2,), {}), segments=[np.ones(4)])
-    assert session.live_bytes() == 64
+    assert session.live_bytes() == 64 + 2 * PER_ID
     _batch(session, ("op", "no_such_op", (1,), (2,), {}))
-    assert session.live_bytes() == 32 and 2 not in session.metas
+    assert session.live_bytes() == 32 + 2 * PER_ID and 2 not in session.metas
     assert _replies(_batch(session, ("get", 3, 2)))[0] == ("error", 3, "ProtocolError", "unknown op 'no_such_op'")
 
 

@@ -19,6 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ember as em
+from ember.remote.access import Viewer
+from ember.remote.session import TENSOR_OVERHEAD
 from ember.wire import protocol as wire
 
 from .peers import Peer
@@ -27,13 +29,14 @@ from .test_tls import pki  # noqa: F401  (a fixture: the throwaway CA)
 TOKEN = "watch-token-0123456789"
 OTHER = "other-token-9876543210"
 THIRD = "third-token-5555555555"
+ADMIN = "admin-token-4444444444"
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
 
 @pytest.fixture(scope="module")
 def tokens_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("watch") / "tokens"
-    path.write_text(f"alice {TOKEN}\nbob {OTHER} 0\ncarol {THIRD} 1\n")
+    path.write_text(f"alice {TOKEN}\nbob {OTHER} 0\ncarol {THIRD} 1\nops {ADMIN} role=admin\n")
     return path
 
 
@@ -96,8 +99,10 @@ def test_metrics_and_status_count_a_real_session(guarded):
     assert row["errors"] == {"ExecutionError": 1} and row["last_error"]["message"].startswith("inv: Singular matrix")
     assert row["address"].startswith("127.0.0.1:") and state["devices"] == ["numpy"]
     assert any(e["client"] == "alice" and e["kind"] == "ExecutionError" for e in state["recent_errors"])
-    assert state["history"][-1]["ops"] >= row["ops"] and state["totals"]["sessions"] >= 1
+    assert state["view"]["sessions"] == "own" and state["history"] == []  # alice's view: her sessions alone
     assert TOKEN.encode() not in body and OTHER.encode() not in body
+    everything = json.loads(get(guarded, "/status.json", ADMIN)[2])  # the admin's: the whole peer
+    assert everything["history"][-1]["ops"] >= row["ops"] and everything["totals"]["sessions"] >= 1
 
     from prometheus_client.parser import text_string_to_metric_families
     status, headers, body = get(guarded, "/metrics", TOKEN)
@@ -108,9 +113,12 @@ def test_metrics_and_status_count_a_real_session(guarded):
     assert samples[("ember_session_ops_total", labels)] == row["ops"]
     assert samples[("ember_session_round_trips_total", labels)] == row["round_trips"]
     assert samples[("ember_session_live_bytes", labels)] >= x.size * 4
-    assert samples[("ember_graph_runs_total", ())] >= 3 and samples[("ember_errors_total", (("kind", "ExecutionError"),))] >= 1
     assert samples[("ember_memory_budget_bytes", ())] > 0 and samples[("ember_uptime_seconds", ())] > 0
-    assert TOKEN.encode() not in body
+    assert TOKEN.encode() not in body and ("ember_graph_runs_total", ()) not in samples  # the peer's counters: the admin's
+    body = get(guarded, "/metrics", ADMIN)[2]
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+    assert samples[("ember_graph_runs_total", ())] >= 3 and samples[("ember_errors_total", (("kind", "ExecutionError"),))] >= 1
     remote.engine.close()
 
 
@@ -146,7 +154,8 @@ def test_the_data_asks_for_a_token_compared_as_the_handshake_does(guarded):
             status, headers, body = get(guarded, path, token)
             assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="ember"' and b"sessions" not in body
     assert get(guarded, "/status.json", OTHER)[0] == 200  # bob may use device 0, which this peer hosts
-    assert get(guarded, "/status.json", THIRD)[0] == 401  # carol may use only device 1, which it does not
+    carol = json.loads(get(guarded, "/status.json", THIRD)[2])  # carol may use only device 1, which it does not:
+    assert carol["view"]["client"] == "carol" and carol["sessions"] == []  # she sees her sessions, which are none
     status, headers, page = get(guarded, "/")  # the page holds no data: it asks for the token itself
     assert status == 200 and headers["Content-Type"].startswith("text/html") and b'id="login"' in page
     assert "default-src 'none'" in headers["Content-Security-Policy"] and b"<script src" not in page
@@ -381,11 +390,13 @@ def test_the_status_pages_access_rule_asks_each_hosted_device_as_the_handshake_d
             raise em.AccessDenied("not on the first device")  # the second may still admit
         return {"alice's token": "alice", "anyone's": True}.get(token, False)
     host = Host(hosted_devices("numpy") * 2, None, Limits(), authorize=authorize)
-    assert host.admits("1.2.3.4:5", "alice's token") == "alice"  # a name, when the rule gives one …
+    assert host.admits("1.2.3.4:5", "alice's token") == Viewer("alice")  # a name, when the rule gives one …
     assert asked == [("1.2.3.4:5", "alice's token", 0), ("1.2.3.4:5", "alice's token", 1)]
-    assert host.admits("1.2.3.4:5", "anyone's") == "1.2.3.4:5"  # … else the address
+    assert host.admits("1.2.3.4:5", "anyone's") == Viewer("1.2.3.4:5")  # … else the address; neither sees all
     assert host.admits("1.2.3.4:5", "nobody's") is None
-    assert Host(hosted_devices("numpy"), None, Limits()).admits("1.2.3.4:5", None) == "1.2.3.4:5"  # no rule: open
+    # no rule: open, to an admin; the rule of --token-file makes its one client the admin
+    assert Host(hosted_devices("numpy"), None, Limits()).admits("1.2.3.4:5", None) == Viewer("1.2.3.4:5", "admin")
+    assert Host(hosted_devices("numpy"), TOKEN, Limits()).admits("1.2.3.4:5", TOKEN) == Viewer("1.2.3.4:5", "admin")
 
 
 # --- reading a request's head: the parser alone, its bytes arriving in any pieces ---
@@ -533,13 +544,23 @@ def _fields(value, path: str = "") -> set[str]:
     return {path}
 
 
+class _NamedByToken:
+    """An authorizer naming each client by its token; the token ``root`` reads the status as the admin."""
+
+    def __call__(self, address, token, device):
+        return token or False
+
+    def viewer(self, address, token):
+        return Viewer(token, "admin" if token == "root" else None) if token else None
+
+
 def _busy_host():
     """A Host with three sessions (clients a, b, c, opened in the order b, c, a), a refused
     handshake, and more failures than the status remembers: a failed 25 times, then b, then c."""
     from ember.remote.session import BufferPool, Host, hosted_devices
     from ember.wire.protocol import Frame, Limits
 
-    host = Host(hosted_devices("numpy"), None, Limits(), authorize=lambda address, token, device: token or False)
+    host = Host(hosted_devices("numpy"), None, Limits(), authorize=_NamedByToken())
     refused, _ = host.open(Frame({"t": "init", "v": wire.VERSION, "device": 0}, []), BufferPool(), "9.9.9.9:9")
     assert refused is None
     sessions = {}
@@ -558,7 +579,7 @@ def test_the_status_json_has_the_fields_docs_status_md_lists():
     from ember.remote import status
 
     host, sessions = _busy_host()
-    state = json.loads(status.answer(host, "GET", "/status.json", "Bearer a", "1.2.3.4:5", host.started + 400.12345).body)
+    state = json.loads(status.answer(host, "GET", "/status.json", "Bearer root", "1.2.3.4:5", host.started + 400.12345).body)
     documented = [row[0] for row in _documented_rows("`/status.json`")]
     assert len(documented) == len(set(documented)) and _fields(state) == set(documented)
     assert state["uptime_seconds"] == 400.123 and state["started"] == host.started
@@ -569,7 +590,7 @@ def test_the_status_json_has_the_fields_docs_status_md_lists():
     for row in state["sessions"]:
         assert len(row["session"]) == 8 and sessions[row["client"]].id.startswith(row["session"])
     (a,) = [row for row in state["sessions"] if row["client"] == "a"]
-    assert (a["ops"], a["live_tensors"], a["live_bytes"], a["bytes_in"]) == (1, 2, 48, 24)
+    assert (a["ops"], a["live_tensors"], a["live_bytes"], a["bytes_in"]) == (1, 2, 48 + 2 * TENSOR_OVERHEAD, 24)
     assert a["errors"] == {"ExecutionError": 25} and a["last_error"]["kind"] == "ExecutionError"
     assert state["totals"]["errors"] == {"ExecutionError": 27, "AccessDenied": 1} and state["totals"]["sessions"] == 3
     # the last 20 failures of the peer and every session, oldest first
@@ -593,7 +614,7 @@ def test_the_metrics_are_those_docs_status_md_lists_with_the_status_json_values(
 
     host, _ = _busy_host()
     state = status.snapshot(host, host.started + 400.0)
-    text = status.answer(host, "GET", "/metrics", "Bearer a", "1.2.3.4:5", host.started + 400.0).body.decode()
+    text = status.answer(host, "GET", "/metrics", "Bearer root", "1.2.3.4:5", host.started + 400.0).body.decode()
     documented = {name: (kind, labels, help) for name, kind, labels, help in _documented_rows("`/metrics`")}
     assert dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.M)) == {name: h for name, (_, _, h) in documented.items()}
     assert dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)) == {name: k for name, (k, _, _) in documented.items()}

@@ -18,7 +18,7 @@ import ember as em
 
 from .peers import Peer
 
-ALICE, BOB = "alice-token-0123456789", "bob-token-9876543210"
+ALICE, BOB, ADMIN = "alice-token-0123456789", "bob-token-9876543210", "admin-token-5555555555"
 BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1100,900")
 
@@ -57,7 +57,7 @@ def test_the_status_page_shows_sessions_and_throughput(tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     screenshot = os.environ.get("EMBER_STATUS_SCREENSHOT")
-    (tmp_path / "tokens").write_text(f"alice {ALICE}\nbob {BOB}\n")
+    (tmp_path / "tokens").write_text(f"alice {ALICE}\nbob {BOB}\nops {ADMIN} role=admin\n")  # ops sees every session
     stop = threading.Event()
     with Peer("--tokens-file", str(tmp_path / "tokens")) as peer:
         alice, bob = em.device(peer.url(token=ALICE)), em.device(peer.url("ws", token=BOB))
@@ -78,7 +78,7 @@ def test_the_status_page_shows_sessions_and_throughput(tmp_path):
             wait = WebDriverWait(browser, 30)
             wait.until(lambda b: page(b)["login"])
             assert "sessions" not in page(browser)["summary"]  # no data before the token
-            browser.find_element(By.ID, "token").send_keys(BOB)
+            browser.find_element(By.ID, "token").send_keys(ADMIN)
             browser.find_element(By.CSS_SELECTOR, "#login button").click()
             # the page redraws itself: each look reads it whole, in one script
             state = WebDriverWait(browser, 60 if screenshot else 30).until(
@@ -92,7 +92,7 @@ def test_the_status_page_shows_sessions_and_throughput(tmp_path):
             assert live.endswith(("KiB", "MiB")) and error == ""
             assert rows["bob"][-1].startswith("ExecutionError: inv: Singular matrix")
             assert "Singular matrix" in state["errors"] and "numpy (numpy)" in state["summary"]
-            assert ALICE not in browser.page_source and BOB not in browser.page_source
+            assert ALICE not in browser.page_source and BOB not in browser.page_source and ADMIN not in browser.page_source
             path = screenshot or tmp_path / "status-page.png"
             assert browser.save_screenshot(str(path))
             with open(path, "rb") as f:

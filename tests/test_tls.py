@@ -26,7 +26,7 @@ from .peers import Peer
 from .test_remote import free_port, nothing_listens
 
 TLS_SCHEMES = ["embers", "wss"]
-TOKEN = "s3cret"
+TOKEN = "s3cret-0123456789ab"  # ember serve takes tokens of 16 characters and more
 PROMPT = 5  # seconds: a refusal must come long before any timeout
 
 

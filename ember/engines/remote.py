@@ -8,7 +8,10 @@ logged, without a lock; the log joins the batch as runs of ops (remote/runs.py) 
 else does. Arrays the program drops are freed on the peer: an output of the batch's last run is
 listed in the run as let go, so the peer never stores it (a chain of large arrays holds on the
 peer what it holds locally); any other array in a drop message, in the next batch or, once the
-batch's op messages have made DROP_BYTES, ahead of the next one.
+batch's op messages have made DROP_BYTES, ahead of the next one (and of one that makes as many
+itself). An array dropped before ops were logged goes ahead of them when the log joins the batch:
+no logged op reads it, and the bytes it frees count for those ops (a program that frees most of
+its quota and computes is not refused).
 """
 
 from __future__ import annotations
@@ -288,11 +291,13 @@ class RemoteEngine(Engine):
 
     def _enqueue(self, message: tuple, made: int) -> None:
         """Add an op message that makes ``made`` bytes to the batch (the lock held), after the drops
-        so far once the batch's ops have made DROP_BYTES (no later op reads them); send the batch
-        once it is full or old."""
-        self._take_log()
-        if self._drops and self._made_bytes >= DROP_BYTES:
-            self._queue_drops()
+        so far (no later op reads them) once the batch's ops have made DROP_BYTES, or when it makes
+        that many itself (the bytes they free may be the room it needs); send the batch once it is
+        full or old."""
+        if self._drops and (self._made_bytes >= DROP_BYTES or made >= DROP_BYTES):
+            self._queue_drops()  # the log too
+        else:
+            self._take_log()
         self._pending.append(message)
         self._count(made)
 
@@ -334,11 +339,12 @@ class RemoteEngine(Engine):
                 weakref.finalize(graph, self._drops_graph.append, gid)
                 self.counters["graphs_registered"] += 1
             outs = [RemoteHandle(self, next(self._ids)) for _ in graph.outputs]
-            if self._drops and self._made_bytes >= DROP_BYTES:
-                self._queue_drops()
+            made = 0
             for _, node in graph.outputs:
-                meta = graph.metas[node]
-                self._made_bytes += meta.nbytes
+                made += graph.metas[node].nbytes
+            if self._drops and (self._made_bytes >= DROP_BYTES or made >= DROP_BYTES):
+                self._queue_drops()
+            self._made_bytes += made
             self._pending.append(("run", gid, tuple(h.id for h in inputs), tuple(o.id for o in outs)))
             self.counters["graph_runs"] += 1
             if len(self._pending) >= BATCH_OPS or _clock() - self._first_pending > BATCH_SECONDS:
@@ -408,7 +414,7 @@ class RemoteEngine(Engine):
         where = source.device
         out = RemoteHandle(self, next(self._ids))
         with self._lock:
-            self._take_log()
+            self._queue_drops()  # the bytes the program let go are freed before the fetch counts its own
             self._pending.append(("fetch", out.id, meta.dtype, tuple(meta.shape), where.scheme, where.host, where.port,
                                   capability, source.info.get("peer", "")))
             self.flush()  # the fetch starts now, well within the capability's lifetime
@@ -445,26 +451,44 @@ class RemoteEngine(Engine):
 
     # -- batching --
     def _queue_drops(self) -> None:
-        """Move dropped ids into the batch, after every op that may still read them: an output of the
-        run the batch ends with into that run's list of outputs let go (no message after it can read
-        it), any other in a drop message (beyond DROP_IDS of them, each message in a frame of its
-        own: headers stay small)."""
-        self._take_log()  # the log's ops go first (and its inputs' handles, which may now be dropped, let go)
-        drops = self._drops
+        """Move dropped ids into the batch, each after every op that may still read it: first those
+        dropped before the log is taken, ahead of the logged ops (the log holds its inputs' handles,
+        so none of them reads these; outputs of logged ops wait for them), so that the peer frees
+        their bytes before it runs those ops; then the log; then the ids its handles let go. An
+        output of the run the batch ends with goes into that run's list of outputs let go (no
+        message after it can read it), any other in a drop message (beyond DROP_IDS of them, each
+        message in a frame of its own: headers stay small)."""
+        drops, log = self._drops, self._log
+        if drops and log:
+            floor = log[0][4]
+            for entry in log:  # threads may log out of order: the log's lowest output id (~1 µs for 64 ops)
+                if entry[4] < floor:
+                    floor = entry[4]
+            self._place_drops(len(drops), floor)
+        self._take_log()  # the log's ops (and its inputs' handles, which may now be dropped, let go)
         self._made_bytes = 0
         if drops:
-            ids = []
-            for _ in range(len(drops)):  # handles dropped meanwhile wait for the next
-                ids.append(drops.popleft())
-            run = self._run
-            if run is not None and self._pending and self._pending[-1] is run:
-                ids = self._let_go(run, ids)
-            for start in range(0, len(ids), DROP_IDS):
-                if start:
-                    self._send_pending()
-                self._pending.append(("drop", tuple(ids[start:start + DROP_IDS])))
+            self._place_drops(len(drops))  # handles dropped meanwhile wait for the next
         while self._drops_graph:
             self._pending.append(("forget", self._drops_graph.popleft()))
+
+    def _place_drops(self, count: int, floor: int | None = None) -> None:
+        """Put the first ``count`` dropped ids at the batch's end (the lock held); those at or past
+        ``floor`` (outputs of ops still in the log, perhaps) go back to wait for the next time."""
+        drops = self._drops
+        ids = []
+        for _ in range(count):
+            ids.append(drops.popleft())
+        if floor is not None and max(ids) >= floor:
+            drops.extend(tid for tid in ids if tid >= floor)
+            ids = [tid for tid in ids if tid < floor]
+        run = self._run
+        if run is not None and self._pending and self._pending[-1] is run:
+            ids = self._let_go(run, ids)
+        for start in range(0, len(ids), DROP_IDS):
+            if start:
+                self._send_pending()
+            self._pending.append(("drop", tuple(ids[start:start + DROP_IDS])))
 
     def _let_go(self, run: list, ids: list) -> list:
         """Note each of ``ids`` that is an output of ``run`` in it (its fifth item, as relative ids);
@@ -646,14 +670,18 @@ def connect(device) -> RemoteEngine:
     connection = module.connect(device.host, device.port, HANDSHAKE_LIMITS, timeout=DEFAULT_TIMEOUT, tls=context,
                                 allocate=DownloadBuffers().allocate)
     init = {"t": "init", "v": wire.VERSION, "device": device.index, "token": device.token}  # the peer names the session
-    connection.send(wire.encode_frame(init | ({"keepalive": window} if window else {})))
     try:
+        connection.send(wire.encode_frame(init | ({"keepalive": window} if window else {})))
         header = connection.receive().header
     except EmberError as error:  # lost, silent, or a reply no peer sends (over a handshake's limits, malformed)
         connection.close()
         if isinstance(error, TimedOut):
             raise ConnectionLost(f"{device} did not answer the session's init within {DEFAULT_TIMEOUT:g} s "
                                  f"(EMBER_TIMEOUT)") from None
+        if isinstance(error, ConnectionLost):  # closed or reset unanswered: a peer answers even a refusal
+            raise ConnectionLost(f"{device}: the peer closed the connection before answering the session's init (it may "
+                                 f"be busy, with more connections than it takes at once, or not be an ember peer); try "
+                                 f"again later ({error})") from None
         raise
     kind = header.get("t")
     if kind != "info":

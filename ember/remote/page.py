@@ -3,7 +3,9 @@
 It holds no data: its script reads ``/status.json`` every {{refresh}} milliseconds and draws the
 hosted devices, one row per session, throughput as an SVG chart and the recent errors. A peer that
 asks for a token answers 401; the page then shows a form, keeps the token in the tab's session
-storage and sends it as a bearer header. Text from the peer is set as text, never as HTML.
+storage and sends it as a bearer header (429, after too many wrong tokens: the page says how long
+to wait). A client's own view (not the admin's) has no memory in use and no throughput samples:
+the page shows its sessions and the budget. Text from the peer is set as text, never as HTML.
 """
 
 PAGE = """<!doctype html>
@@ -89,12 +91,14 @@ function chart(history) {
   svg.appendChild(node("text", {x: W - R - 22, y: H - 4}, "now"));
 }
 function draw(s) {
-  const t = s.totals;
+  const t = s.totals, own = s.view && s.view.sessions === "own";
   $("summary").textContent = `${s.devices.join(", ")} (${s.backend}) · up ${age(s.uptime_seconds)} · ` +
+    (own ? `the sessions of ${s.view.client} only: ` : "") +
     `${t.sessions} session(s), ${t.live_tensors} tensors, ${bytes(t.live_bytes)} live · ` +
-    `memory ${bytes(s.memory.used_bytes)} of ${bytes(s.memory.budget_bytes)} `;
-  const used = Math.min(1, s.memory.used_bytes / s.memory.budget_bytes);
-  const bar = document.createElement("span"); bar.className = "bar";
+    (own ? `memory budget ${bytes(s.memory.budget_bytes)} ` :
+           `memory ${bytes(s.memory.used_bytes)} of ${bytes(s.memory.budget_bytes)} `);
+  const used = own ? 0 : Math.min(1, s.memory.used_bytes / s.memory.budget_bytes);
+  const bar = document.createElement("span"); bar.className = "bar"; bar.hidden = own;
   const fill = document.createElement("span"); fill.style.width = Math.max(0.5, 100 * used).toFixed(1) + "%";
   bar.appendChild(fill);
   const counts = document.createElement("div");
@@ -125,6 +129,10 @@ async function refresh() {
   const token = sessionStorage.getItem("ember-token");
   try {
     const reply = await fetch("status.json", {cache: "no-store", headers: token ? {Authorization: "Bearer " + token} : {}});
+    if (reply.status === 429) {  // too many wrong tokens from this address: the text says how long to wait
+      $("summary").textContent = (await reply.text()).trim();
+      return;
+    }
     if (reply.status === 401) {
       $("login").hidden = false; $("status").hidden = true; $("summary").textContent = "";
       $("refused").hidden = !token;

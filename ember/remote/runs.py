@@ -66,16 +66,17 @@ def endings(records: tuple, let_go: tuple) -> dict:
     return ended
 
 
-def peak(records: tuple, needs: list, ended: dict, metas: dict) -> int:
+def peak(records: tuple, needs: list, ended: dict, metas: dict, overhead: int = 0) -> int:
     """The most bytes the op path holds at once running ``records``: each record's need while it
     runs (``needs``: its outputs, and its kernels' scratch) over what the records before it made
-    and still hold, the outputs in ``ended`` (what :func:`endings` makes) let go after their last
-    use. What a compiled run or graph reserves: its plan holds no more."""
+    and still hold — each output its bytes and ``overhead`` (its id's, as the session counts it) —
+    the outputs in ``ended`` (what :func:`endings` makes) let go after their last use. What a
+    compiled run or graph reserves: its plan holds no more."""
     held = most = 0
     for index, (_, _, outs, _) in enumerate(records):
         most = max(most, held + needs[index])
-        held += sum(metas[o].nbytes for o in outs)
-        held -= sum(metas[ref].nbytes for ref in ended.get(index, ()))
+        held += sum(metas[o].nbytes + overhead for o in outs)
+        held -= sum(metas[ref].nbytes + overhead for ref in ended.get(index, ()))
     return most
 
 
@@ -105,23 +106,25 @@ class RunPlan:
 
     __slots__ = ("plan", "inputs", "outputs", "kept", "metas", "sizes", "held", "need")
 
-    def __init__(self, plan, inputs: list, outputs: list, kept: list, metas: list, need: int):
+    def __init__(self, plan, inputs: list, outputs: list, kept: list, metas: list, need: int, overhead: int = 0):
         self.plan = plan
         self.inputs = inputs    # (relative reference, the meta it had) per input of the plan, in its order
         self.outputs = outputs  # every relative output id: none may be in use
         self.kept = kept        # those the client holds, in the plan's order, and their metas and sizes
         self.metas = metas
-        self.sizes = [meta.nbytes for meta in metas]
+        self.sizes = [meta.nbytes + overhead for meta in metas]  # as the session counts them: with their ids' overhead
         self.held = sum(self.sizes)
         self.need = need        # the most the op path holds at once: what a replay reserves
 
     @classmethod
-    def compile(cls, session, records: tuple, let_go: tuple, ended: dict, base: int, inputs: tuple) -> RunPlan | bool:
+    def compile(cls, session, records: tuple, let_go: tuple, ended: dict, base: int, inputs: tuple,
+                overhead: int = 0) -> RunPlan | bool:
         """The plan of ``records`` as the session's tensors stand (run once already), or NOT_COMPILED
         where a record is one the plan does not take: several outputs, a data-dependent size,
         kernel scratch, an output over the tensor limit, an input that failed. The outputs
         ``let_go`` are the plan's own: freed after their last use (``ended``, what :func:`endings`
-        made of them), or written over in place."""
+        made of them), or written over in place. Each output costs ``overhead`` besides its bytes
+        (the session's per-id overhead), as on the op path."""
         made: set = set()
         known: dict = {}  # relative reference -> meta, of every input
         for _, refs, outs, _ in records:
@@ -150,7 +153,7 @@ class RunPlan:
         going = set(let_go)
         kept = list(dict.fromkeys(o for o in outputs if o not in going))
         ops = [(row, refs, outs, attrs) for row, refs, outs, attrs, _, _ in checked]
-        need = peak(ops, [out_metas[0].nbytes for *_, out_metas in checked], ended, known)
+        need = peak(ops, [out_metas[0].nbytes + overhead for *_, out_metas in checked], ended, known, overhead)
         engine = session.engine
         if not engine.computes_every_dtype:  # its op path checks each op's dtypes; a plan would not
             return NOT_COMPILED
@@ -158,7 +161,7 @@ class RunPlan:
             plan = engine.compile(ops, list(input_metas), {}, kept, known, native=False)
         except EmberError:  # a row without a kernel here: the op path refuses it by name
             return NOT_COMPILED
-        return cls(plan, list(input_metas.items()), outputs, kept, [known[o] for o in kept], need)
+        return cls(plan, list(input_metas.items()), outputs, kept, [known[o] for o in kept], need, overhead)
 
     def replay(self, session, base: int, inputs: tuple) -> bool:
         """Run the plan on the session's tensors and keep its outputs, or leave everything as it was
@@ -177,23 +180,25 @@ class RunPlan:
             if base + ref in sizes:  # in use, or being fetched: the op path writes over it
                 return False
         need = self.need
-        if need <= session.credit and session.used + need <= session.limits.max_session_bytes:
+        inline = need <= session.credit and session.used + need <= session.ceiling
+        if inline:
             session.credit -= need  # _reserve's common case, without its call: a replay is a small op's whole turn
-            session.used += need
-        elif session._reserve(need) is not None:  # no room: the op path refuses the op that does not fit
+            session.used += need    # (the ceiling is the quota, and the cap on tensors: session._room)
+        elif session._reserve(need, len(self.kept)) is not None:  # no room: the op path refuses the op that does not fit
             return False
         try:
             results = self.plan.run(values)
         except Exception:
             session._give(need)
             return False
-        if need > self.held:
-            session._give(need - self.held)  # what the outputs let go held while the plan ran
         for ref, value, meta, size in zip(self.kept, results, self.metas, self.sizes):
             tid = base + ref
             tensors[tid] = value
             metas[tid] = meta
             sizes[tid] = size
+        if need > self.held:  # what the outputs let go held while the plan ran; reserved inline, the ceiling stays
+            # right (the kept ids raised used by their overhead at least, net); through _reserve, it is set again
+            (session._give_back if inline else session._give)(need - self.held)
         session.ops += len(self.outputs)
         session.runs_replayed += 1
         return True

@@ -31,9 +31,9 @@ from ..ops.records import check_records, infer_record, literal_meta
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import Frame, Limits
-from .access import single_token
-from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, RunPlan, absolute, endings, peak, records_of
-from .transfers import CAPABILITY_BYTES, FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Outcome, Transfers
+from .access import NotPermitted, Throttle, Throttled, Viewer, is_guess, single_token
+from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, NOT_COMPILED, RunPlan, absolute, endings, peak, records_of
+from .transfers import CAPABILITY_BYTES, FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Outcome, Transfers, is_host
 
 log = logging.getLogger("ember.serve")
 
@@ -113,17 +113,40 @@ class Budget:
 
 CREDIT = 1 << 20  # bytes a session keeps taken from the budget beyond what it uses, so small ops take no lock
 
+# What a session holds beyond its tensors' data, counted against its quota and the budget like the
+# data (tracemalloc's figures for 3k–50k of each: `python tools/probes/accounting.py --measure`):
+TENSOR_OVERHEAD = 512  # per tensor id: its dict entries, Meta, array object or Poison (measured 280–450 B)
+GRAPH_OVERHEAD = 2048  # per registered graph: its entry, plan and id (measured 1.35–1.65 KB for a 1-op graph)
+GRAPH_NODE_BYTES = 256  # per op, input and output of a registered graph (measured 150–200 B per op)
+GRAPH_COMPILE_BYTES = 1024  # per op, while a graph is validated and compiled (measured 780–870 B beyond its header)
+RUN_OVERHEAD = 512     # per run a session remembers, beside its blob's bytes (runs.py)
+RUN_OP_BYTES = 256     # per record of a compiled run (measured 220 B)
+SESSION_SHARE = 4      # a session's default quota is this fraction of the peer's budget (--max-session-bytes overrides)
+POOL_IDLE_SECONDS = 30  # an idle pool buffer not reused for this long is let go
+
+
+def default_quota(budget: Budget) -> int:
+    """The quota of a session when ``--max-session-bytes`` is not given: a quarter of the peer's
+    budget, so that no one client can make the peer refuse every other: a lone client still gets a
+    quarter of the machine, and it takes four sessions at their quota to fill it."""
+    return budget.limit // SESSION_SHARE
+
 
 class BufferPool:
     """Keeps the buffers of freed received tensors for the next upload of the same size (a
     caching allocator): a fresh 256 MiB buffer costs tens of milliseconds of page faults that a
     reused one does not. A buffer is kept only when nothing else refers to it, and only while
-    the peer's budget has room: its idle buffers count against it and go first when it is short."""
+    the peer's budget has room: its idle buffers count against it and go first when it is short.
+    One not reused for ``idle_seconds`` is let go (:meth:`expire`), and all when no session is open
+    (:meth:`clear`): sizes nobody asks for again do not stay until the budget runs short."""
 
-    def __init__(self, capacity: int = 1 << 30, minimum: int = 1 << 20, budget: Budget | None = None):
-        self.capacity, self.minimum = capacity, minimum
+    def __init__(self, capacity: int = 1 << 30, minimum: int = 1 << 20, budget: Budget | None = None,
+                 idle_seconds: float = POOL_IDLE_SECONDS):
+        self.capacity, self.minimum, self.idle_seconds = capacity, minimum, idle_seconds
         self.free: dict[int, list] = {}
+        self.since: dict[int, list[float]] = {}  # when each buffer of free[size] was released, in the same order
         self.total = 0
+        self.let_go = 0  # bytes expire() and clear() let go since the shell last looked (it hands the pages back)
         self.lock = threading.Lock()  # one pool serves every session of a peer
         self.budget = budget
         if budget is not None:
@@ -137,6 +160,7 @@ class BufferPool:
             stack = self.free.get(nbytes)
             buffer = stack.pop() if stack else None
             if buffer is not None:
+                self.since[nbytes].pop()
                 self.total -= nbytes
         if buffer is None:
             buffer = np.empty(nbytes, np.uint8)
@@ -161,6 +185,7 @@ class BufferPool:
                 continue
             with self.lock:
                 self.free.setdefault(root.nbytes, []).append(root)
+                self.since.setdefault(root.nbytes, []).append(time.monotonic())
                 self.total += root.nbytes
 
     def _buffer(self, array) -> np.ndarray | None:
@@ -178,15 +203,53 @@ class BufferPool:
                 stack = self.free[size]
                 while stack and freed < nbytes:
                     stack.pop()
+                    self.since[size].pop()
                     freed += size
                 if freed >= nbytes:
                     break
-            self.free = {size: stack for size, stack in self.free.items() if stack}
+            self._prune()
             self.total -= freed
         return freed
 
+    def expire(self, now: float | None = None) -> int:
+        """Let go of the buffers released more than ``idle_seconds`` before ``now`` (the monotonic
+        clock; the shell calls this every few seconds) and give their bytes back to the budget;
+        returns the bytes freed. The oldest of each size are at the bottom of its stack."""
+        cutoff = (time.monotonic() if now is None else now) - self.idle_seconds
+        freed = 0
+        with self.lock:
+            for size, times in self.since.items():
+                old = next((k for k, when in enumerate(times) if when > cutoff), len(times))
+                if old:
+                    del self.free[size][:old], times[:old]
+                    freed += old * size
+            if freed:
+                self._prune()
+                self.total -= freed
+                self.let_go += freed
+        if freed and self.budget is not None:
+            self.budget.give(freed)
+        return freed
+
+    def clear(self) -> int:
+        """Let go of every idle buffer (no session is open: no one is about to reuse one) and give
+        their bytes back to the budget; returns the bytes freed."""
+        with self.lock:
+            freed, self.total = self.total, 0
+            self.free, self.since = {}, {}
+            self.let_go += freed
+        if freed and self.budget is not None:
+            self.budget.give(freed)
+        return freed
+
+    def _prune(self) -> None:
+        """Forget the sizes that have no idle buffer left (under the lock)."""
+        self.free = {size: stack for size, stack in self.free.items() if stack}
+        self.since = {size: self.since[size] for size in self.free}
+
 
 RECENT_ERRORS = 20  # the failures a session (and a host) remembers for the status page
+UNKEPT = 1024       # failures a session remembers that had no room to be kept (at most; about 100 KB)
 KEPT_CHARACTERS = 1000  # of a remembered failure's message (the status shows 300 characters)
 HISTORY = 150       # throughput samples a host keeps (five minutes, one every two seconds)
 #: a session's counters that only grow, and that the peer's totals sum over its sessions
@@ -205,6 +268,11 @@ class Poison:
 def _check_id(tid) -> None:
     if type(tid) is not int or tid < 0:  # the spelling the op path uses inline (bool is no id)
         raise ProtocolError(f"tensor ids are non-negative integers, got {tid!r}")
+
+
+def _check_graph_id(gid) -> None:
+    if type(gid) is not int or gid < 0:  # as tensor ids: a client numbers its graphs (a string id would cost its size)
+        raise ProtocolError(f"graph ids are non-negative integers, got {gid!r:.40}")
 
 
 def _error_kind(error: Exception) -> str:
@@ -232,8 +300,9 @@ class Session:
         self.runner = None          # the shell's: runner(fetch) starts a Fetch at once; None keeps them in fetches
         self.fetches: list[Fetch] = []
         self.incoming: dict[int, Fetch] = {}  # tensors being fetched: their bytes are in sizes, not yet in tensors
-        self.granted = 0            # bytes counted for this session's grants not yet ended
-        self.ended: deque[int] = deque()  # bytes of grants ended on other threads, given back at the next frame
+        self.cancelled: list[Fetch] = []  # fetches of tensors gone whose worker may still run: their bytes in granted
+        self.granted = 0            # bytes counted for its grants not yet ended, and its cancelled fetches still running
+        self.ended: deque[int] = deque()  # bytes of those ended on other threads, given back at the next frame
         self.budget = budget
         self.pool = pool
         self.limits = limits
@@ -253,11 +322,20 @@ class Session:
         self.errors: Counter[str] = Counter()  # failures this session met, by kind
         self.recent: deque[tuple] = deque(maxlen=RECENT_ERRORS)  # (time, kind, message) of the last ones
         self.watch_lock = threading.Lock()  # errors and recent change on the session's thread, are read on another
-        self.used = 0       # bytes counted against the quota: tensors, graph constants, frames in flight, replies
+        self.used = 0       # bytes counted against the quota: tensors and their ids, graphs, runs, frames in flight, replies
         self.credit = 0     # bytes taken from the budget and not yet used
         self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
+        self.runs_bytes = 0  # of used: the runs remembered in self.runs (their blobs, and their plans once compiled)
+        # failures that had no room to be kept, by tensor id and by graph id: the last UNKEPT of each, so a read
+        # or a run still names the failure (and older ones say they were not kept)
+        self.unkept: dict[int, Poison] = {}
+        self.unkept_graphs: dict[int, Poison] = {}
+        self.forgot_unkept = False  # whether failures not kept were forgotten past UNKEPT
+        self.ceiling = 0    # how far the op path may raise used without the checks of _reserve (see _room)
+        self._room()
         self._received: dict[int, int] = {}  # id of a buffer allocate() gave -> its bytes, until a message keeps it
         self._sent: dict[int, int] = {}      # tensor id -> its segment in the reply being built
+        self._outgoing = 0  # bytes of the segments of the reply being built (a reply is one frame)
         self._declined: deque[str] = deque()  # why allocate() declined segments not yet handled, in order
         self._reasons: dict[int, str] = {}    # … those of the frame being handled, by segment
 
@@ -266,27 +344,39 @@ class Session:
         return sum(self.sizes.values())
 
     def close(self) -> None:
+        # a fetch still running keeps its bytes taken from the budget: its worker gives them back when it ends
+        held = sum(job.meta.nbytes for job in (*self.incoming.values(), *self.cancelled) if job.cancel(self.budget.give))
         self.incoming.clear()
+        self.cancelled.clear()
         self.tensors.clear()
         self.metas.clear()
         self.sizes.clear()
         self.graphs.clear()
         self.runs.clear()
-        self.budget.give(self.used + self.credit)
+        self.budget.give(self.used + self.credit - held)
         self.used = self.credit = self.replying = self.granted = 0
+        self.runs_bytes = self._outgoing = 0
+        self.unkept.clear()
+        self.unkept_graphs.clear()
         self.ended.clear()
 
-    def _take(self, what: str, nbytes: int) -> None:
-        """Count ``nbytes`` more against the quota and the budget, or refuse naming ``what``."""
-        reason = self._reserve(nbytes)
+    def _take(self, what: str, nbytes: int, ids: int = 0) -> None:
+        """Count ``nbytes`` more (for ``ids`` new tensor ids) against the quota, the tensor cap and the
+        budget, or refuse naming ``what``."""
+        reason = self._reserve(nbytes, ids)
         if reason is not None:
             raise ResourceLimitError(f"{what}: {reason}")
 
-    def _reserve(self, nbytes: int) -> str | None:
-        """Count ``nbytes`` more if the quota and the budget have room; else why not."""
-        quota = self.limits.max_session_bytes
+    def _reserve(self, nbytes: int, ids: int = 0) -> str | None:
+        """Count ``nbytes`` more, for ``ids`` tensor ids about to be added, if the quota, the cap on
+        tensors (``limits.max_session_tensors``) and the budget have room; else why not."""
+        limits = self.limits
+        quota = limits.max_session_bytes
         if self.used + nbytes > quota:
             return f"{nbytes} more bytes would exceed this session's quota of {quota} bytes ({self.used} in use)"
+        if ids and len(self.sizes) + ids > limits.max_session_tensors:
+            return (f"{ids} more tensor(s) would exceed this session's limit of {limits.max_session_tensors} tensors "
+                    f"({len(self.sizes)} held, failed ones included); drop some first")
         if nbytes > self.credit:
             wanted = nbytes - self.credit
             if self.budget.take(wanted + CREDIT):
@@ -298,50 +388,101 @@ class Session:
                         f"({self.budget.used} in use by all sessions)")
         self.credit -= nbytes
         self.used += nbytes
+        if ids:  # (more bytes alone only lower the room the ceiling leaves: it stays right)
+            self._room(ids)
         return None
 
     def _give(self, nbytes: int) -> None:
+        self.used -= nbytes  # _give_back and _room, inline: every drop comes here
+        self.credit += nbytes
+        if self.credit > 2 * CREDIT:
+            self.budget.give(self.credit - CREDIT)
+            self.credit = CREDIT
+        limits = self.limits
+        self.ceiling = min(limits.max_session_bytes,
+                           self.used + TENSOR_OVERHEAD * (limits.max_session_tensors - len(self.sizes)))
+
+    def _give_back(self, nbytes: int) -> None:
+        """:meth:`_give` without setting the ceiling again: only where the ids just added raised
+        ``used`` by their overhead at least, net (a replay giving back what its outputs let go held)."""
         self.used -= nbytes
         self.credit += nbytes
         if self.credit > 2 * CREDIT:
             self.budget.give(self.credit - CREDIT)
             self.credit = CREDIT
 
+    def _room(self, pending: int = 0) -> None:
+        """Set :attr:`ceiling`, what the op path checks instead of the quota and the cap on tensors:
+        the quota, lowered so that the ids still allowed (less ``pending``, ids just reserved for)
+        fit in it at TENSOR_OVERHEAD each. Every id the op path adds raises ``used`` by at least
+        that, so it cannot pass the cap without coming here (through ``_reserve``) first; whatever
+        lowers ``used`` or adds ids otherwise calls this after."""
+        limits = self.limits
+        self.ceiling = min(limits.max_session_bytes,
+                           self.used + TENSOR_OVERHEAD * (limits.max_session_tensors - len(self.sizes) - pending))
+
     def allocate(self, shape: tuple, dtype) -> np.ndarray | None:
         """Where a received tensor goes (the frame reader's hook, once the session is open): a
-        buffer counted against the quota and the budget, or None to read its bytes and drop them."""
-        reason = self._reserve(math.prod(shape) * dtype.itemsize)
+        buffer counted against the quota and the budget, or None to read its bytes and drop them.
+        The tensor id it becomes is counted too (TENSOR_OVERHEAD): a frame of empty tensors costs."""
+        reason = self._reserve(math.prod(shape) * dtype.itemsize + TENSOR_OVERHEAD)
         if reason is not None:  # why, for the message that meets this segment (frames come in order)
             self._declined.append(reason)
             return None
         array = self.pool.allocate(shape, dtype)
-        self._received[id(array)] = array.nbytes
+        self._received[id(array)] = array.nbytes + TENSOR_OVERHEAD
         return array
 
     def _store(self, tid, value, meta: Meta | None, counted: bool) -> None:
-        """Keep ``value`` as tensor ``tid`` (a Poison has no meta), counting its bytes unless ``counted``."""
+        """Keep ``value`` as tensor ``tid`` (a Poison has no meta; None frees the id), counting its
+        bytes and its id's overhead unless ``counted`` (a received segment's reservation has them).
+        A value with no room is kept as its refusal; a failure with no room is not kept (its error is
+        still reported, and the last UNKEPT such failures are remembered apart, so a read names it)."""
         _check_id(tid)
-        if self.incoming:
-            self.incoming.pop(tid, None)
+        if self.incoming and tid in self.incoming:
+            self._forget_fetch(tid)
+        if self.unkept:
+            self.unkept.pop(tid, None)
         old = self.sizes.pop(tid, None)
         self.metas.pop(tid, None)
         if old is not None:
             self._give(old)
         if self._sent:
             self._sent.pop(tid, None)
+        if value is None:
+            self.tensors.pop(tid, None)
+            return
+        nbytes = TENSOR_OVERHEAD if meta is None else meta.nbytes + TENSOR_OVERHEAD
+        limits = self.limits
+        if meta is None and (len(self.sizes) >= limits.max_session_tensors or
+                             self.used + nbytes > limits.max_session_bytes):  # the common refusal, without its message
+            self.tensors.pop(tid, None)
+            self._remember(self.unkept, tid, value)
+            return
+        if not counted:
+            reason = self._reserve(nbytes, 1)
+        elif len(self.sizes) >= limits.max_session_tensors:  # its bytes were reserved as it arrived; its id was not
+            self._give(nbytes)
+            reason = self._reserve(0, 1)
+        else:
+            reason = None
+        if reason is not None:
+            self.tensors.pop(tid, None)
+            if meta is None:  # a failure with no room: the id stays free, its failure is remembered (UNKEPT)
+                self._remember(self.unkept, tid, value)
+                return
+            poison = self._fail("ResourceLimitError", f"put of tensor {tid}: {reason}")
+            self._report(poison)
+            self._store(tid, poison, None, False)
+            return
         if meta is not None:
-            nbytes = meta.nbytes
-            if not counted:
-                try:
-                    self._take("put", nbytes)
-                except ResourceLimitError as error:
-                    poison = self._fail("ResourceLimitError", str(error))
-                    self.tensors[tid] = poison
-                    self.unreported.append(poison)
-                    return
             self.metas[tid] = meta
-            self.sizes[tid] = nbytes
+        sizes = self.sizes
+        sizes[tid] = nbytes
         self.tensors[tid] = value
+        # _room, inline (every put comes here): its reservation may predate the last time the ceiling was set
+        self.ceiling = min(limits.max_session_bytes,
+                           self.used + TENSOR_OVERHEAD * (limits.max_session_tensors - len(sizes)))
 
     def _fail(self, kind: str, message: str) -> Poison:
         """A new failure, counted by kind for the peer's status (its message is shown there too)."""
@@ -350,11 +491,32 @@ class Session:
             self.recent.append((time.time(), kind, message[:KEPT_CHARACTERS]))
         return Poison(kind, message)
 
+    def _report(self, poison: Poison) -> None:
+        """Report ``poison`` at the next sync, unless a failure is reported there already: a sync
+        reports the first, so only the first is kept (a client that never syncs holds no list)."""
+        if not self.unreported:
+            self.unreported.append(poison)
+
     def _poison(self, outputs, kind: str, message: str) -> None:
         poison = self._fail(kind, message)
         for tid in outputs:
             self._store(tid, poison, None, False)
-        self.unreported.append(poison)
+        self._report(poison)
+
+    def _remember(self, unkept: dict, key: int, poison: Poison) -> None:
+        """Remember ``poison`` as that of ``key`` (a tensor or graph id) that had no room to be kept."""
+        if len(unkept) >= UNKEPT:  # the older half goes at once: a constant cost per failure, however many come
+            newer = list(unkept.items())[UNKEPT // 2:]
+            unkept.clear()
+            unkept.update(newer)
+            self.forgot_unkept = True
+        unkept[key] = poison
+
+    def _unknown(self, tid) -> str:
+        """Why tensor ``tid`` is unknown to this session."""
+        if self.forgot_unkept:
+            return f"unknown tensor id {tid!r} (dropped, from another session, or a failure this session had no room to keep)"
+        return f"unknown tensor id {tid!r} (dropped, or from another session)"
 
     # -- the frame handler --
     def handle(self, frame: Frame) -> list[tuple[dict, list]]:
@@ -370,6 +532,8 @@ class Session:
                 self._give(nbytes)
         if self._sent:
             self._sent = {}
+        if self._outgoing:
+            self._outgoing = 0
         if not frame.segments:  # most frames: ops, drops and reads
             if self._reasons:
                 self._reasons = {}
@@ -448,11 +612,13 @@ class Session:
                 self._settle(ref)
                 self._op(message)
                 return
+            if value is None and self.unkept and type(ref) is int:
+                value = self.unkept.get(ref)  # a failure that had no room: it travels all the same
             if type(value) is Poison:  # the failure travels to everything that depends on it
                 for tid in outputs:
                     self._store(tid, value, None, False)
             else:
-                self._poison(outputs, "ExecutionError", f"{name}: unknown tensor id {ref!r} (dropped, or from another session)")
+                self._poison(outputs, "ExecutionError", f"{name}: {self._unknown(ref)}")
             return
         try:
             metas = tuple(metas)
@@ -464,13 +630,14 @@ class Session:
                 need = meta.nbytes
                 if need > self.limits.max_tensor_bytes:
                     self._check_size(name, out_metas)
+                need += TENSOR_OVERHEAD  # its id's entries, in the one reservation
             else:
                 need = self._need(op, metas, attrs, out_metas)
-            if need <= self.credit and self.used + need <= self.limits.max_session_bytes:
+            if need <= self.credit and self.used + need <= self.ceiling:  # the quota and the cap on tensors (_room)
                 self.credit -= need
                 self.used += need
             else:
-                self._take(name, need)
+                self._take(name, need, sum(type(o) is int and o not in self.sizes for o in outputs))
             try:
                 if simple:
                     value = self.engine.apply(op, tuple(handles), metas, attrs, meta)
@@ -509,31 +676,45 @@ class Session:
             run_op(message)
             if index in ended:  # outputs the client let go, after their last use here
                 self._drop((tuple(base + ref for ref in ended[index]),), None, None, None)
+        # what the session learns of runs is counted like the rest; with no room for it, a run goes op by op
         if known is None and len(blob) <= KEPT_BLOB_BYTES:
             if len(self.runs) >= KEPT_RUNS:
                 self.runs.clear()
-            self.runs[blob] = 1
+                self._give(self.runs_bytes)
+                self.runs_bytes = 0
+            cost = len(blob) + RUN_OVERHEAD
+            if self._reserve(cost) is None:
+                self.runs[blob] = 1
+                self.runs_bytes += cost
         elif type(known) is int:  # the second sighting
-            self.runs[blob] = RunPlan.compile(self, records, let_go, ended, base, inputs)
+            cost, plan = RUN_OP_BYTES * len(records), NOT_COMPILED
+            if self._reserve(cost) is None:
+                plan = RunPlan.compile(self, records, let_go, ended, base, inputs, TENSOR_OVERHEAD)
+                if plan is NOT_COMPILED:
+                    self._give(cost)
+                else:
+                    self.runs_bytes += cost
+            self.runs[blob] = plan
 
     def _keep(self, outputs: tuple, values, out_metas: tuple, reserved: int, partly: bool = True) -> None:
-        """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs (all
-        of them unless ``partly``: the outputs' sizes were all the reservation)."""
+        """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs — data
+        and id overhead — (all of them unless ``partly``: the outputs' sizes were all the reservation)."""
         for tid in outputs:
             if type(tid) is not int or tid < 0:
                 self._give(reserved)
                 _check_id(tid)
         if self.incoming:
             for tid in outputs:
-                self.incoming.pop(tid, None)
+                if tid in self.incoming:
+                    self._forget_fetch(tid)
+        freed = 0
         if len(outputs) == 1 and not partly:
             kept = (reserved,)
         else:
-            kept = [m.nbytes for m in out_metas]
+            kept = [m.nbytes + TENSOR_OVERHEAD for m in out_metas]
             if partly:
-                self._give(reserved - sum(kept))
+                freed = reserved - sum(kept)
         tensors, known, sizes = self.tensors, self.metas, self.sizes
-        freed = 0
         for tid, value, meta, nbytes in zip(outputs, values, out_metas, kept):
             old = sizes.get(tid)
             if old is not None:  # a tensor written again: the old one's bytes go back
@@ -541,17 +722,17 @@ class Session:
             tensors[tid] = value
             known[tid] = meta
             sizes[tid] = nbytes
-        if freed:
-            self._give(freed)
+        self._give(freed)  # after the ids are in: the op path's ceiling counts them (_room)
         if self._sent:
             for tid in outputs:
                 self._sent.pop(tid, None)
 
     def _need(self, op, in_metas: tuple, attrs: dict, out_metas: tuple) -> int:
         """The bytes an op may hold while it runs: its outputs — a data-dependent one at its largest,
-        as many elements as the largest input — and its kernels' scratch (the row's ``scratch`` rule).
-        An output past the peer's tensor limit is refused."""
-        need = 0
+        as many elements as the largest input — with their ids' overhead, and its kernels' scratch
+        (the row's ``scratch`` rule). An output or a scratch past the peer's tensor limit is refused:
+        the limit bounds every allocation a client causes, not only the tensors it names."""
+        need = TENSOR_OVERHEAD * len(out_metas)
         for meta in out_metas:
             shape = meta.shape
             if None in shape:  # its size is checked against the tensor limit once it is known
@@ -562,7 +743,12 @@ class Session:
                 self._check_size(op.name, (meta,))
             need += nbytes
         if op.scratch is not None:
-            need += op.scratch(in_metas, out_metas, attrs)
+            scratch = op.scratch(in_metas, out_metas, attrs)
+            limit = self.limits.max_tensor_bytes
+            if scratch > limit:
+                raise ResourceLimitError(f"{op.name}: its kernels need {scratch} bytes of scratch, more than the peer's "
+                                         f"tensor limit of {limit} bytes")
+            need += scratch
         return need
 
     def _put(self, body, frame_segments, replies, segments) -> None:
@@ -592,8 +778,10 @@ class Session:
         if value is None and self.incoming and type(tid) is int and tid in self.incoming:
             self._settle(tid)
             value = self.tensors.get(tid)
+        if value is None and self.unkept and type(tid) is int:
+            value = self.unkept.get(tid)
         if value is None:
-            failure = self._fail("ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)")
+            failure = self._fail("ExecutionError", self._unknown(tid))
             replies.append(("error", rid, failure.kind, failure.message))
             return None
         if isinstance(value, Poison):
@@ -609,15 +797,30 @@ class Session:
             if value is None:
                 return
             host = self.engine.download(value)
-            if not host.flags.c_contiguous:  # the frame needs its bytes in C order: a copy, counted
-                try:
-                    self._take("get", host.nbytes)
-                except ResourceLimitError as error:
-                    failure = self._fail("ResourceLimitError", str(error))
-                    replies.append(("error", rid, failure.kind, failure.message))
-                    return
-                self.replying += host.nbytes
-                host = np.ascontiguousarray(host)
+            try:
+                # a reply is one frame: the client refuses one past the frame limit, so none is built
+                limits = self.limits
+                room = limits.max_frame_bytes - limits.max_header_bytes
+                if self._outgoing + host.nbytes > room:
+                    raise ResourceLimitError(f"get of tensor {tid}: the reply would hold {self._outgoing + host.nbytes} "
+                                             f"bytes of tensors, more than the peer's frame limit of "
+                                             f"{limits.max_frame_bytes} bytes allows; read fewer tensors at once")
+                if not host.flags.c_contiguous:  # the frame needs its bytes in C order: a copy, counted
+                    # a reply's copies are scratch of one answer: together held to the tensor limit, so a few KB of
+                    # reads of views cannot make the peer copy more than one tensor's worth
+                    copies = self.replying + host.nbytes
+                    if copies > limits.max_tensor_bytes:
+                        raise ResourceLimitError(f"get of tensor {tid}: this reply's copies of tensors not in C order "
+                                                 f"would take {copies} bytes, more than the peer's tensor limit of "
+                                                 f"{limits.max_tensor_bytes} bytes; read fewer such views at once")
+                    self._take(f"get of tensor {tid}", host.nbytes)
+                    self.replying += host.nbytes
+                    host = np.ascontiguousarray(host)
+            except ResourceLimitError as error:
+                failure = self._fail("ResourceLimitError", str(error))
+                replies.append(("error", rid, failure.kind, failure.message))
+                return
+            self._outgoing += host.nbytes
             index = self._sent[tid] = len(segments)
             segments.append(host)
         replies.append(("data", rid, index))
@@ -646,14 +849,16 @@ class Session:
         (ids,) = body
         tensors, metas, sizes = self.tensors, self.metas, self.sizes
         dropped: list = []  # the only references to the values dropped, for the pool to judge
-        freed = 0
+        freed, unkept = 0, self.unkept
         try:
             for tid in ids:
-                if self.incoming:
-                    self.incoming.pop(tid, None)  # its fetch finishes unheard
+                if self.incoming and tid in self.incoming:
+                    self._forget_fetch(tid)  # its fetch is cancelled
                 dropped.append(tensors.pop(tid, None))
                 metas.pop(tid, None)
                 freed += sizes.pop(tid, 0)
+                if unkept:
+                    unkept.pop(tid, None)
         finally:  # a malformed id ends the frame; what was dropped before it is given back
             self.pool.release(dropped)
             if freed:
@@ -661,7 +866,9 @@ class Session:
 
     def _stats(self, body, frame_segments, replies, segments) -> None:
         (rid,) = body
-        stats = {"session_tensors": len(self.tensors), "session_bytes": self.live_bytes(), "session_ops": self.ops,
+        # session_bytes: its tensors' (and their ids'); session_used_bytes: all its quota counts (graphs, runs, grants…)
+        stats = {"session_tensors": len(self.tensors), "session_bytes": self.live_bytes(), "session_used_bytes": self.used,
+                 "session_ops": self.ops,
                  "session_runs_replayed": self.runs_replayed, "session_graphs": len(self.graphs)}
         if self.registry is not None:
             stats.update(self.registry.stats())
@@ -670,20 +877,45 @@ class Session:
     # -- graphs: registered once, then run by number --
     def _graph(self, body, frame_segments, replies, segments) -> None:
         gid, inputs, outputs, ops, constants = body
+        _check_graph_id(gid)
         self._drop_graph(gid)  # a number registered again is a new graph
+        if self.unkept_graphs:
+            self.unkept_graphs.pop(gid, None)
         self.graphs_registered += 1
-        known = {tid: Meta(tuple(shape), dtype) for tid, dtype, shape in inputs}
-        values, held, need = {}, 0, 0
+        limits = self.limits
+        # its entry, kept even if the graph is refused (its runs report why): unless there is no room for one
+        reason = f"this session keeps {limits.max_session_graphs} graphs, the peer's limit; forget some first" \
+            if len(self.graphs) >= limits.max_session_graphs else self._reserve(GRAPH_OVERHEAD)
+        if reason is not None:
+            failure = self._fail("ResourceLimitError", f"graph: graph {gid} is not kept: {reason}")
+            self._report(failure)
+            self._remember(self.unkept_graphs, gid, failure)  # its runs report it
+            return
+        known, values, held, transient, need = {}, {}, GRAPH_OVERHEAD, 0, 0
         records, needs, error, plan = [], [], None, None
-        try:  # validate the whole graph once: every constant, every row's meta rule, every limit
+        try:  # validate the whole graph once: its size, every constant, every row's meta rule, every limit
+            for what, nodes in (("ops", ops), ("inputs", inputs), ("outputs", outputs), ("constants", constants)):
+                if type(nodes) is not tuple:
+                    raise ProtocolError(f"a graph's {what} are a list")
+                if len(nodes) > limits.max_graph_ops:  # refused before anything is built from it
+                    raise ResourceLimitError(f"{len(nodes)} {what} in graph {gid}, more than the peer's limit of "
+                                             f"{limits.max_graph_ops} per graph")
+            nodes = GRAPH_NODE_BYTES * (len(ops) + len(inputs) + len(outputs))
+            self._take(f"registering graph {gid}", nodes)  # what the registered graph keeps of each node
+            held += nodes
+            self._take(f"registering graph {gid}", GRAPH_COMPILE_BYTES * len(ops))  # while it is checked and compiled
+            transient = GRAPH_COMPILE_BYTES * len(ops)
+            known = {tid: Meta(tuple(shape), dtype) for tid, dtype, shape in inputs}
             for tid, index in constants:
                 host = frame_segments[index]
                 if host is None:
                     raise ResourceLimitError(f"constant {tid}: {self._reason(index)}")
                 meta = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
-                if self._received.pop(id(host), None) is None:
-                    self._take(f"constant {tid}", host.nbytes)
-                held += host.nbytes  # the graph keeps its constants until it is forgotten
+                nbytes = self._received.pop(id(host), None)  # reserved as it arrived
+                if nbytes is None:
+                    nbytes = host.nbytes + TENSOR_OVERHEAD
+                    self._take(f"constant {tid}", nbytes)
+                held += nbytes  # the graph keeps its constants until it is forgotten
                 values[tid], known[tid] = self.engine.upload(host), meta
             for row, refs, outs, attrs, in_metas, out_metas in check_records(ops, known):
                 if any(None in m.shape for m in out_metas):
@@ -693,21 +925,31 @@ class Session:
             missing = [o for o in outputs if o not in known]
             if missing:
                 raise ProtocolError(f"graph output {missing[0]} is not produced by the graph")
-            # a run holds what the op path would: each intermediate until its last use (the plan lets it go then)
+            # a run holds what the op path would: each intermediate until its last use (the plan lets it go then),
+            # and at least every output it returns (one returned twice is kept twice)
             returned = set(outputs)
             intermediates = tuple(o for _, _, outs, _ in records for o in outs if o not in returned)
-            need = peak(records, needs, endings(records, intermediates), known)
+            need = max(peak(records, needs, endings(records, intermediates), known, TENSOR_OVERHEAD),
+                       sum(known[o].nbytes + TENSOR_OVERHEAD for o in outputs))
             plan = self.engine.compile(records, [tid for tid, _, _ in inputs], values, outputs, known)
         except Exception as failure:
             error = self._fail(_error_kind(failure), f"graph: {failure}")
-            self._give(held)
-            held = 0
+            self._give(held - GRAPH_OVERHEAD)  # a refused graph keeps its entry alone
+            held = GRAPH_OVERHEAD
+        finally:
+            self._give(transient)
+        if error is not None:
+            self.graphs[gid] = ((), (), None, {}, error, held, 0)
+            return
         input_metas = tuple((tid, known[tid]) for tid, _, _ in inputs)
-        self.graphs[gid] = (input_metas, tuple(outputs), plan, {o: known.get(o) for o in outputs}, error, held, need)
+        self.graphs[gid] = (input_metas, tuple(outputs), plan, {o: known[o] for o in outputs}, error, held, need)
 
     def _run(self, body, frame_segments, replies, segments) -> None:
         gid, input_ids, output_ids = body
+        _check_graph_id(gid)
         graph = self.graphs.get(gid)
+        if graph is None and self.unkept_graphs and gid in self.unkept_graphs:
+            graph = ((), (), None, {}, self.unkept_graphs[gid], 0, 0)  # refused with no room for its entry
         if graph is None:
             self._poison(output_ids, "ExecutionError", f"run: unknown graph {gid!r}")
             return
@@ -716,7 +958,7 @@ class Session:
         if error is not None:
             for tid in output_ids:
                 self._store(tid, error, None, False)
-            self.unreported.append(error)
+            self._report(error)
             return
         if len(input_ids) != len(inputs) or len(output_ids) != len(outputs):
             self._poison(output_ids, "ProtocolError", f"run: graph {gid!r} takes {len(inputs)} inputs and gives "
@@ -729,8 +971,10 @@ class Session:
             if value is None and self.incoming and type(tid) is int and tid in self.incoming:
                 self._settle(tid)
                 value = self.tensors.get(tid)
+            if value is None and self.unkept and type(tid) is int:
+                value = self.unkept.get(tid)
             if value is None:
-                self._poison(output_ids, "ExecutionError", f"run: unknown tensor id {tid!r} (dropped, or from another session)")
+                self._poison(output_ids, "ExecutionError", f"run: {self._unknown(tid)}")
                 return
             if type(value) is Poison:  # the failure travels on, reported once
                 for out in output_ids:
@@ -742,7 +986,7 @@ class Session:
                 return
             values.append(value)
         try:
-            self._take(f"run of graph {gid}", need)
+            self._take(f"run of graph {gid}", need, sum(type(o) is int and o not in self.sizes for o in output_ids))
             try:
                 results = plan.run(values)
             except BaseException:
@@ -756,12 +1000,15 @@ class Session:
 
     def _forget(self, body, frame_segments, replies, segments) -> None:
         (gid,) = body
+        _check_graph_id(gid)
         self._drop_graph(gid)
+        if self.unkept_graphs:
+            self.unkept_graphs.pop(gid, None)
 
     def _drop_graph(self, gid) -> None:
         graph = self.graphs.pop(gid, None)
         if graph is not None:
-            self._give(graph[5])  # its constants
+            self._give(graph[5])  # its entry, nodes and constants
 
     def _check_size(self, name, out_metas) -> None:
         limit = self.limits.max_tensor_bytes
@@ -785,7 +1032,7 @@ class Session:
             self._settle(tid)
         value, meta, nbytes = self.tensors.get(tid), self.metas.get(tid), 0
         if value is None:
-            value = self._fail("ExecutionError", f"unknown tensor id {tid!r} (dropped, or from another session)")
+            value = self._fail("ExecutionError", self._unknown(tid))
         elif type(value) is not Poison:
             nbytes = meta.nbytes
             reason = self._reserve(nbytes)
@@ -794,7 +1041,7 @@ class Session:
         refusal = self.transfers.grant(Grant(capability, session, value, self, nbytes))
         if refusal is not None:
             self._give(nbytes)
-            self.unreported.append(self._fail("ResourceLimitError", refusal))
+            self._report(self._fail("ResourceLimitError", refusal))
         else:
             self.granted += nbytes
 
@@ -808,26 +1055,31 @@ class Session:
         if not isinstance(dtype, dt.DType) or type(shape) is not tuple or len(shape) > 64 or \
                 not all(type(n) is int and n >= 0 for n in shape):
             raise ProtocolError("a fetch names the tensor's dtype and shape")
-        if scheme not in SCHEMES or type(host) is not str or not 0 < len(host) <= 255 or type(port) is not int \
+        if scheme not in SCHEMES or not is_host(host) or type(port) is not int \
                 or not 0 < port < 65536 or type(peer) is not str or len(peer) > 64:
             raise ProtocolError("a fetch names the source peer as scheme, host, port and identity")
         if type(capability) is not bytes or len(capability) != CAPABILITY_BYTES:
             raise ProtocolError(f"a capability is {CAPABILITY_BYTES} random bytes")
         meta = Meta(shape, dtype)
-        job = Fetch(tid, meta, scheme, host, port, capability, self.id, local=peer == self.peer)
+        job = Fetch(tid, meta, scheme, host, port, capability, self.id, local=peer == self.peer, peer=peer)
         try:
-            if len(self.incoming) >= FETCHES_PER_SESSION and \
-                    sum(not f.done.is_set() for f in self.incoming.values()) >= FETCHES_PER_SESSION:
-                raise ResourceLimitError(f"transfer from {job.source}: {FETCHES_PER_SESSION} transfers to this session "
-                                         f"are running already; read some of their tensors first")
+            if len(self.incoming) + len(self.cancelled) >= FETCHES_PER_SESSION:
+                # those of dropped tensors count until their worker ends: a drop does not make room for more threads
+                self.cancelled = [f for f in self.cancelled if not f.over]
+                if sum(not f.done.is_set() for f in self.incoming.values()) + len(self.cancelled) >= FETCHES_PER_SESSION:
+                    raise ResourceLimitError(f"transfer from {job.source}: {FETCHES_PER_SESSION} transfers to this session "
+                                             f"are running already (those of dropped tensors until they stop); read "
+                                             f"some of their tensors first")
             self._check_size(f"transfer from {job.source}", (meta,))
-            self._take(f"transfer from {job.source}", meta.nbytes)
+            nbytes = meta.nbytes + TENSOR_OVERHEAD
+            self._take(f"transfer from {job.source}", nbytes, 1)
         except ResourceLimitError as error:
             self._poison((tid,), "ResourceLimitError", str(error))
             return
         self._store(tid, None, None, False)  # whatever the id held goes
         self.tensors.pop(tid, None)
-        self.sizes[tid] = meta.nbytes
+        self.sizes[tid] = nbytes
+        self._room()
         self.incoming[tid] = job
         if self.runner is not None:
             self.runner(job)
@@ -849,6 +1101,18 @@ class Session:
         self.tensors[tid] = value
         self.metas[tid] = job.meta
 
+    def _forget_fetch(self, tid) -> None:
+        """Tensor ``tid``, being fetched, goes (dropped, written again): its fetch is cancelled. While
+        a worker still performs it, its bytes stay counted (moved to ``granted``): the buffer it
+        receives into exists until the worker ends, and hands them back then (``ended``)."""
+        job = self.incoming.pop(tid)
+        if job.cancel(self.ended.append):  # the worker hands back the tensor's bytes; its id's overhead goes now
+            self._give(self.sizes.pop(tid) - job.meta.nbytes)
+            self.granted += job.meta.nbytes
+            self.cancelled.append(job)
+        if len(self.cancelled) > 64:  # those over are let go now and then, not at each drop
+            self.cancelled = [f for f in self.cancelled if not f.over]
+
     # "op" messages of the right length go straight to _op; this entry sees malformed ones
     _HANDLERS = {"op": lambda self, body, *_: self._op(("op", *body)), "put": _put, "get": _get, "shape": _shape,
                  "sync": _sync, "drop": _drop, "stats": _stats, "graph": _graph, "run": _run, "forget": _forget,
@@ -856,7 +1120,10 @@ class Session:
 
 
 class Registry:
-    """The live sessions of a server (for its counters)."""
+    """The live sessions of a server (for its counters). The peer's caps on tensors and graphs
+    follow from theirs: at most ``max_sessions`` sessions, each within ``max_session_tensors``
+    and ``max_session_graphs``, and every id and graph costs its overhead (TENSOR_OVERHEAD,
+    GRAPH_OVERHEAD) of the one budget, so the budget over the overhead bounds them all together."""
 
     def __init__(self):
         self.lock = threading.RLock()  # reentrant: a status snapshot holds it while it sums the host's totals
@@ -879,6 +1146,7 @@ class Host:
         self.identity = uuid.uuid4().hex  # tells a client that two of its sessions are on this one peer
         self.transfers = transfers if transfers is not None else Transfers()  # grants, for every session
         self.authorize = authorize or (single_token(token) if token else None)
+        self.throttle = Throttle()  # failed tokens, per address: at the handshake and on the status paths alike
         self.max_sessions = max_sessions
         self.registry = Registry()
         self.budget = budget or Budget()
@@ -914,20 +1182,49 @@ class Host:
         with self.watch_lock:
             self.history.append((now, totals))
 
-    def admits(self, address: str, token) -> str | None:
-        """Who a request presenting ``token`` is (its name, or its address), if this peer's access rule
-        admits it to one of the hosted devices; None if not. The handshake's own check, so tokens are
-        compared the same way (in constant time)."""
+    def admits(self, address: str, token) -> Viewer | None:
+        """Who a request for the status presenting ``token`` is — a :class:`Viewer`: its name (else
+        its address) and role — if this peer's access rule knows the token; None if not. Tokens are
+        compared as the handshake compares them (in constant time), and counted by its throttle:
+        Throttled (an AccessDenied saying how long) while the address must wait. Without a rule
+        every request is the admin's."""
         if self.authorize is None:
-            return address
-        for index in range(len(self.devices)):
+            return Viewer(address, "admin")
+        guess = is_guess(token)
+        if guess:
+            wait = self.throttle.admit(address, time.monotonic())
+            if wait:
+                raise Throttled(address, wait)
+        viewer, known = self._viewer(address, token)
+        if guess and (viewer is not None or known):
+            self.throttle.passed(address, good=viewer is not None)
+        elif guess:
+            log.warning("%s: refused a request for the status: a wrong token (%d from this address lately)", address,
+                        self.throttle.failures(address)[0])
+        return viewer
+
+    def _viewer(self, address: str, token) -> tuple[Viewer | None, bool]:
+        """The viewer ``token`` is (or None), and whether the rule knew the token all the same."""
+        rule = getattr(self.authorize, "viewer", None)
+        if rule is not None:
+            try:
+                return rule(address, token), False
+            except Exception as error:  # a broken rule admits no one
+                log.error("%s: refused a request for the status: the authorizer's viewer() failed: %s", address,
+                          _redact("".join(traceback.format_exception(error)).rstrip(), token))
+                return None, False
+        known = False
+        for index in range(len(self.devices)):  # admitted to any hosted device: it sees the sessions of its name
             try:
                 verdict = self.authorize(address, token, index)
+            except NotPermitted:
+                known = True
+                continue
             except Exception:  # AccessDenied, or a broken authorizer: not admitted
                 continue
             if verdict is not False:
-                return verdict if isinstance(verdict, str) else address
-        return None
+                return Viewer(verdict if isinstance(verdict, str) else address), True
+        return None, known
 
     @property
     def backend_name(self) -> str:
@@ -942,9 +1239,9 @@ class Host:
         if header.get("t") != "init":
             raise ProtocolError("the first frame must be an init")
 
-        def refuse(kind: str, reason: str) -> tuple[None, list[Reply]]:
+        def refuse(kind: str, reason: str, **extra) -> tuple[None, list[Reply]]:
             self.failed(address, kind, reason)
-            return None, [({"t": "refuse", "kind": kind, "reason": reason}, [])]
+            return None, [({"t": "refuse", "kind": kind, "reason": reason, **extra}, [])]
 
         version = header.get("v")
         if version != wire.VERSION:
@@ -954,17 +1251,30 @@ class Host:
         index = header.get("device", 0)
         client = address
         if self.authorize is not None:
+            guess = is_guess(token)  # no token tries none: it is not counted, nor slowed down
+            if guess:
+                wait = self.throttle.admit(address, time.monotonic())
+                if wait:  # refused unchecked: no thread waits, and the answer says nothing of the token
+                    return refuse("AccessDenied", str(Throttled(address, wait)), wait=round(wait, 3))
             try:
                 verdict = self.authorize(address, token, index)
+            except NotPermitted as denied:  # a good token, for something else: no failure
+                if guess:
+                    self.throttle.passed(address, good=False)
+                return refuse("AccessDenied", _redact(str(denied), token))
             except AccessDenied as denied:
                 return refuse("AccessDenied", _redact(str(denied), token))
             except Exception as error:  # a broken authorizer refuses; the peer lives on
+                if guess:
+                    self.throttle.passed(address, good=False)  # the peer's failure, not the client's
                 log.error("%s: refused: the authorizer failed: %s", address,
                           _redact("".join(traceback.format_exception(error)).rstrip(), token))
                 return refuse("AccessDenied", "the peer could not check this client's access: its authorizer failed "
                                               "(the peer's log says why)")
             if verdict is False:
                 return refuse("AccessDenied", "the peer's authorizer refused this client")
+            if guess:
+                self.throttle.passed(address)
             if isinstance(verdict, str):
                 client = verdict
         if not isinstance(index, int) or not 0 <= index < len(self.devices):
@@ -1001,8 +1311,11 @@ class Host:
                     self.recent.extend((when, session.client, kind, message) for when, kind, message in session.recent)
             self.registry.sessions.discard(session)
             self.clients.pop(session, None)
+            idle = not self.registry.sessions
         self.transfers.revoke(session)
         session.close()
+        if idle:  # no session left to reuse a buffer: the pool's go back at once, not after POOL_IDLE_SECONDS
+            self.pool.clear()
 
     # -- transfers (transfers.py): this peer as the source of a fetch --
     def answer_fetch(self, frame: Frame, final: bool = True) -> tuple[list[Reply], Grant | None] | None:
@@ -1011,7 +1324,9 @@ class Host:
         grant to ``release`` once they are sent. None while the capability is unknown and not
         ``final``: it may not be granted yet (the shell waits for :attr:`transfers` to change,
         within its handshake deadline, and asks again). The capability is the only credential: no
-        token is asked for."""
+        token is asked for. A fetch frame with neither capability nor session is the destination's
+        hello: the answer is this peer's identity (``{"t": "peer"}``), so the destination sends the
+        capability only once it knows it speaks to the peer the client named."""
         header = frame.header
 
         def refuse(kind: str, reason: str, **extra) -> tuple[list[Reply], None]:
@@ -1020,6 +1335,8 @@ class Host:
         if header.get("v") != wire.VERSION:
             return refuse("ProtocolError", f"protocol version {header.get('v')!r} is not supported: this peer speaks "
                                            f"version {wire.VERSION}")
+        if "capability" not in header and "session" not in header:
+            return [({"t": "peer", "v": wire.VERSION, "peer": self.identity}, [])], None
         capability, session = header.get("capability"), header.get("session")
         if type(capability) is not bytes or len(capability) != CAPABILITY_BYTES or type(session) is not str:
             return refuse("AccessDenied", f"a fetch presents a capability ({CAPABILITY_BYTES} bytes) and a session")

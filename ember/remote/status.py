@@ -7,13 +7,19 @@ into one plain dict; :func:`prometheus` renders it in Prometheus' text format (w
 :func:`answer` is the routing: a parsed request in, a response out, so ``http.py``, the shell,
 only reads and writes bytes. When the peer admits clients by token, every path but the page
 itself (which holds no data: it asks for the token in a form, then sends it as a bearer header)
-requires one; no path shows a token.
+requires one; no path shows a token. Who presents it decides what is shown (``view``): the admin
+(``--token-file``'s one client, a tokens file's ``role=admin`` or ``role=metrics``, anyone where
+the peer asks for no token) sees the whole peer; any other client only its own sessions and the
+peer's configuration, nothing another client did or holds.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 
+from .access import Throttled, Viewer
 from .page import PAGE as _PAGE
 from .session import COUNTED, Host
 
@@ -26,18 +32,30 @@ def _clip(text: str) -> str:
     return text if len(text) <= MESSAGE_CHARACTERS else text[:MESSAGE_CHARACTERS - 1] + "…"
 
 
-def snapshot(host: Host, now: float) -> dict:
-    """The peer's state at ``now`` (``time.time()``): hosted devices, memory, totals, one entry per
-    session, throughput samples (the last one is now) and recent errors. Plain JSON values."""
+def snapshot(host: Host, now: float, viewer: Viewer | None = None) -> dict:
+    """The peer's state at ``now`` (``time.time()``) as ``viewer`` may see it (None: the admin):
+    hosted devices, memory, totals, one entry per session, throughput samples (the last one is
+    now) and recent errors. Plain JSON values.
+
+    A viewer that does not see all (``viewer.sees_all``) gets its own sessions only: the totals
+    are those of its open sessions, the recent errors those of its sessions, open or closed, and
+    what the whole peer holds or did — memory in use, the throughput samples — is left out
+    (``memory.used_bytes`` null, ``history`` empty): with two clients, the peer's figures less
+    one's own would be the other's."""
+    viewer = viewer or Viewer("", "admin")
+    everyone = viewer.sees_all
     with host.registry.lock:  # one view: a closing session moves its counts into the host's under this lock
-        sessions = sorted(host.registry.sessions, key=lambda s: s.opened)
-        totals = host.totals()
+        sessions = sorted((s for s in host.registry.sessions if everyone or s.client == viewer.name), key=lambda s: s.opened)
+        totals = host.totals() if everyone else {name: sum(getattr(s, name) for s in sessions) for name in COUNTED}
         with host.watch_lock:  # copies: the host's and the sessions' threads go on changing them
             errors, recent, history = host.errors.copy(), list(host.recent), [*host.history, (now, totals)]
         copies = []
         for session in sessions:
             with session.watch_lock:
                 copies.append((session.errors.copy(), list(session.recent)))
+    if not everyone:  # its closed sessions' last failures are among the peer's, by its name (refusals: by address)
+        recent = [entry for entry in recent if entry[1] == viewer.name]
+        errors, history = Counter(), []
     rows = []
     for session, (session_errors, session_recent) in zip(sessions, copies):
         errors.update(session_errors)
@@ -52,9 +70,10 @@ def snapshot(host: Host, now: float) -> dict:
         })
     recent.sort()
     return {
+        "view": {"client": viewer.name, "role": viewer.role, "sessions": "all" if everyone else "own"},
         "backend": host.backend_name, "devices": [str(d) for d in host.devices],
         "started": host.started, "uptime_seconds": round(now - host.started, 3),
-        "memory": {"budget_bytes": host.budget.limit, "used_bytes": host.budget.used,
+        "memory": {"budget_bytes": host.budget.limit, "used_bytes": host.budget.used if everyone else None,
                    "session_quota_bytes": host.limits.max_session_bytes},
         "totals": {"sessions": len(rows), "live_tensors": sum(r["live_tensors"] for r in rows),
                    "live_bytes": sum(r["live_bytes"] for r in rows), **totals, "errors": dict(errors)},
@@ -66,11 +85,13 @@ def snapshot(host: Host, now: float) -> dict:
 
 
 def prometheus(state: dict) -> bytes:
-    """``state`` (a :func:`snapshot`) in Prometheus' text exposition format."""
+    """``state`` (a :func:`snapshot`) in Prometheus' text exposition format. A client's own view
+    has its sessions' series and the gauges over them, not the peer's counters or memory in use."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     totals, sessions = state["totals"], state["sessions"]
+    everyone = state.get("view", {}).get("sessions", "all") == "all"
     labels = ["session", "client"]
 
     def per_session(family, field):
@@ -83,8 +104,9 @@ def prometheus(state: dict) -> bytes:
         yield GaugeMetricFamily("ember_sessions", "Open sessions", value=totals["sessions"])
         yield GaugeMetricFamily("ember_memory_budget_bytes", "The bytes all sessions may hold together",
                                 value=state["memory"]["budget_bytes"])
-        yield GaugeMetricFamily("ember_memory_used_bytes", "The bytes counted against the budget (tensors, frames, pool)",
-                                value=state["memory"]["used_bytes"])
+        if everyone:
+            yield GaugeMetricFamily("ember_memory_used_bytes", "The bytes counted against the budget (tensors, frames, "
+                                    "pool)", value=state["memory"]["used_bytes"])
         yield GaugeMetricFamily("ember_live_tensors", "Tensors held by all sessions", value=totals["live_tensors"])
         yield GaugeMetricFamily("ember_live_bytes", "Bytes held by all sessions", value=totals["live_bytes"])
         yield per_session(GaugeMetricFamily("ember_session_live_tensors", "Tensors held by a session", labels=labels),
@@ -95,13 +117,16 @@ def prometheus(state: dict) -> bytes:
                             ("bytes_in", "Tensor bytes received"), ("bytes_out", "Tensor bytes sent"),
                             ("graphs_registered", "Captured graphs registered"),
                             ("graph_runs", "Runs of a registered graph (registration cache hits)")):
-            yield CounterMetricFamily(f"ember_{field}", f"{text}, by all sessions since the peer started",
-                                      value=totals[field])
+            if everyone:  # the peer's counters; a client's own open sessions' sums would fall as they close
+                yield CounterMetricFamily(f"ember_{field}", f"{text}, by all sessions since the peer started",
+                                          value=totals[field])
             yield per_session(CounterMetricFamily(f"ember_session_{field}", f"{text}, by a session", labels=labels), field)
-        errors = CounterMetricFamily("ember_errors", "Failures (failed ops, refusals, broken frames), by kind", labels=["kind"])
-        for kind, count in sorted(totals["errors"].items()):
-            errors.add_metric([kind], count)
-        yield errors
+        if everyone:
+            errors = CounterMetricFamily("ember_errors", "Failures (failed ops, refusals, broken frames), by kind",
+                                         labels=["kind"])
+            for kind, count in sorted(totals["errors"].items()):
+                errors.add_metric([kind], count)
+            yield errors
 
     class Collector:
         def collect(self):
@@ -123,7 +148,8 @@ class Response:
 def answer(host: Host, method: str, path: str, authorization: str | None, address: str, now: float) -> Response:
     """The response to a request for ``path`` (the query is ignored) with the ``Authorization``
     header ``authorization``: 405 for methods other than GET and HEAD, 404 for unknown paths, 401
-    without an accepted bearer token where the peer asks for one."""
+    without an accepted bearer token where the peer asks for one, 429 (with ``Retry-After``) while
+    the address must wait after too many wrong ones (``Host.throttle``)."""
     path = path.split("?", 1)[0]
     if method not in ("GET", "HEAD"):
         return Response(405, "only GET and HEAD are served here\n", Allow="GET, HEAD")
@@ -132,10 +158,14 @@ def answer(host: Host, method: str, path: str, authorization: str | None, addres
     if path in ("/", "/index.html"):
         return Response(200, PAGE, "text/html; charset=utf-8")
     scheme, _, token = (authorization or "").partition(" ")
-    if host.admits(address, token.strip() if scheme.lower() == "bearer" else None) is None:
+    try:
+        viewer = host.admits(address, token.strip() if scheme.lower() == "bearer" else None)
+    except Throttled as wait:
+        return Response(429, f"{wait}\n", **{"Retry-After": str(max(1, math.ceil(wait.wait)))})
+    if viewer is None:
         return Response(401, "this peer asks for a token: send the header Authorization: Bearer TOKEN\n",
                         **{"WWW-Authenticate": 'Bearer realm="ember"'})
-    state = snapshot(host, now)
+    state = snapshot(host, now, viewer)
     if path == "/status.json":
         return Response(200, json.dumps(state), "application/json")
     try:

@@ -1,8 +1,10 @@
 """``ember top PEER``: a compute peer's sessions and throughput in the terminal, from its ``/status.json``.
 
-The peer is named as a device is (``ember://[TOKEN@]host:port``, ``ws://``, ``embers://``,
-``wss://`` — the last two read it over HTTPS, trusting ``--tls-ca`` or ``EMBER_TLS_CA``); the token
-comes from the address, ``--token`` or ``EMBER_TOKEN`` and travels as a bearer header, never shown.
+The peer is named as a device is (``ember://host:port``, ``ws://``, ``embers://``, ``wss://`` —
+the last two read it over HTTPS, trusting ``--tls-ca`` or ``EMBER_TLS_CA``); the token comes from
+``EMBER_TOKEN`` (or the address's ``TOKEN@``, or ``--token``: both show it to anyone who lists this
+machine's processes) and travels as a bearer header, never shown. A client other than the admin
+sees its own sessions only.
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from urllib.parse import urlsplit
 
-from ..devices import RemoteDevice
+from ..devices import RemoteDevice, redact_secrets, redacted
 from ..devices import device as as_device
 from ..errors import AccessDenied, ConnectionLost, DeviceError
 from ..wire.tls import client_context
@@ -30,7 +31,7 @@ def status_url(peer: str, tls_ca: str | None = None) -> tuple[str, str | None, s
     text = peer.rstrip("/")
     remote = as_device(text + ("/0" if text.count("/") == 2 else ""), tls_ca=tls_ca)
     if not isinstance(remote, RemoteDevice):
-        raise DeviceError(f"ember top watches a compute peer (ember://host:port), not {peer!r}")
+        raise DeviceError(f"ember top watches a compute peer (ember://host:port), not {redacted(peer)!r}")
     secure = remote.scheme in ("embers", "wss")
     host = f"[{remote.host}]" if ":" in remote.host else remote.host
     url = f"{'https' if secure else 'http'}://{host}:{remote.port}/status.json"
@@ -45,7 +46,9 @@ def fetch(url: str, token: str | None, context: ssl.SSLContext | None, timeout: 
             return json.loads(reply.read())
     except urllib.error.HTTPError as error:
         if error.code == 401:
-            raise AccessDenied("the peer asks for a token: pass --token, EMBER_TOKEN or ember://TOKEN@host:port") from None
+            raise AccessDenied("the peer asks for a token: set EMBER_TOKEN (or pass ember://TOKEN@host:port)") from None
+        if error.code == 429:  # too many wrong tokens from this address
+            raise AccessDenied(f"the peer refused: {error.read().decode('utf-8', 'replace').strip()[:200]}") from None
         raise ConnectionLost(f"the peer answered {error.code} {error.reason}") from None
     except (urllib.error.URLError, OSError, ValueError) as error:
         raise ConnectionLost(f"cannot read the peer's status at {url}: {getattr(error, 'reason', error)}") from None
@@ -70,9 +73,13 @@ def render(state: dict, width: int = 160) -> str:
         last, before = history[-1], history[-2]
         span = max(last["time"] - before["time"], 1e-9)
         rate = {k: (last[k] - before[k]) / span for k in ("ops", "round_trips", "bytes_in", "bytes_out")}
-    lines = [f"ember peer: {', '.join(state['devices'])} ({state['backend']}), up {_age(state['uptime_seconds'])}",
+    view = state.get("view", {})
+    own = view.get("sessions") == "own"  # a client's own view: its sessions, not the peer's memory in use
+    lines = [f"ember peer: {', '.join(state['devices'])} ({state['backend']}), up {_age(state['uptime_seconds'])}"
+             + (f"; the sessions of {view.get('client')} only" if own else ""),
              f"  {totals['sessions']} sessions, {totals['live_tensors']} tensors, {_bytes(totals['live_bytes'])} live; "
-             f"memory {_bytes(memory['used_bytes'])} of {_bytes(memory['budget_bytes'])}",
+             + (f"memory budget {_bytes(memory['budget_bytes'])}" if own else
+                f"memory {_bytes(memory['used_bytes'])} of {_bytes(memory['budget_bytes'])}"),
              f"  {totals['ops']} ops, {totals['round_trips']} round trips, {_bytes(totals['bytes_in'])} in, "
              f"{_bytes(totals['bytes_out'])} out, {totals['graphs_registered']} graphs registered, "
              f"{totals['graph_runs']} graph runs"]
@@ -117,7 +124,5 @@ def run(peer: str, token: str | None = None, interval: float = 2.0, once: bool =
         out.write("\n")
         return 0
     except (AccessDenied, ConnectionLost, DeviceError) as error:
-        secret = urlsplit(peer).username  # a device string's own error may quote it
-        text = str(error).replace(secret, "<token>") if secret else str(error)
-        print(f"ember top: {text}", file=sys.stderr)
+        print(f"ember top: {redact_secrets(str(error), peer, token)}", file=sys.stderr)
         return 1

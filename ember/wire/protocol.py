@@ -44,7 +44,10 @@ class Limits:
     max_header_bytes: int = 64 << 20
     max_tensor_bytes: int = 4 << 30
     max_frame_bytes: int = 8 << 30
-    max_session_bytes: int = 1 << 62  # one session's live bytes (a peer sets it: --max-session-bytes)
+    max_session_bytes: int = 1 << 62  # one session's live bytes (a peer sets it: --max-session-bytes; unset, a share)
+    max_session_tensors: int = 1 << 20  # tensor ids one session holds at once, failed ones included
+    max_session_graphs: int = 1 << 12   # graphs one session keeps registered
+    max_graph_ops: int = 1 << 16        # ops in one graph (and inputs, and outputs): refused before it is compiled
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -14,6 +14,9 @@ from ..errors import ArgumentError, ConnectionLost, TLSError
 
 #: the first byte of a TLS connection (a handshake record): how a peer tells TLS clients from plain ones
 HANDSHAKE_RECORD = b"\x16"
+#: what a client is told when the peer closes or resets the connection before the TLS handshake is done
+CLOSED_IN_HANDSHAKE = ("the peer closed the connection during the TLS handshake (it may be busy, with more connections "
+                       "than it takes at once, or not serve TLS: a plain peer is ember:// or ws://); try again later")
 
 # OpenSSL's verification codes (X509_V_ERR_*), grouped by what the user should do about them
 _UNTRUSTED = {2, 18, 19, 20, 21}  # no issuer, self-signed leaf or chain, issuer not local, leaf unverifiable
@@ -52,7 +55,12 @@ def wrap_client(sock: socket.socket, context: ssl.SSLContext, host: str, port: i
         return context.wrap_socket(sock, server_hostname=host)
     except ssl.SSLCertVerificationError as error:
         raise TLSError(f"{where}: {_certificate_problem(error, host)}") from None
-    except ssl.SSLError as error:  # the peer answered with something that is not TLS, or closed at once
+    except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionResetError, ConnectionAbortedError,
+            BrokenPipeError) as error:
+        # no answer, only a close or a reset: a busy peer too full to answer does this, as does one that
+        # is not TLS and gave up on the bytes (a plain ember peer answers them with a frame instead)
+        raise ConnectionLost(f"{where}: {CLOSED_IN_HANDSHAKE} ({_reason(error)})") from None
+    except ssl.SSLError as error:  # the peer answered with something that is not TLS
         raise TLSError(f"{where}: the TLS handshake failed ({error.reason or error}): the peer does not seem to "
                        f"serve TLS (a plain peer is ember:// or ws://)") from None
     except TimeoutError:
