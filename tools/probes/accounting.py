@@ -3,7 +3,7 @@ hold beyond its tensors' data (ids, failed outputs, graphs and their ops), the s
 copies an op or a read makes, and the idle buffers the pool keeps once every client has left.
 
     python tools/probes/accounting.py                                                 # this tree
-    git archive 2a8b11e | tar -x -C OLD && cd OLD && PYTHONPATH=OLD python $CHECKOUT/tools/probes/accounting.py   # the tree as the issue found it
+    git archive 2a8b11e | tar -xC OLD; cd OLD; PYTHONPATH=OLD python $CHECKOUT/tools/probes/accounting.py  # issue 44 found
     python tools/probes/accounting.py --measure   # the per-id figures session.py counts (tracemalloc, in-process)
 
 (from another directory: ``python -m ember.cli serve``, which the probe starts, looks in the

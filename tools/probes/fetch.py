@@ -1,7 +1,7 @@
 """Probe issue 44's rows 2, 3, 4 and 7 against a real ``ember serve``: the fetch path between peers.
 
     python tools/probes/fetch.py                          # this tree
-    git archive 2a8b11e | tar -x -C OLD && cd OLD && PYTHONPATH=OLD python $CHECKOUT/tools/probes/fetch.py   # the tree as the issue found it
+    git archive 2a8b11e | tar -xC OLD; cd OLD; PYTHONPATH=OLD python $CHECKOUT/tools/probes/fetch.py   # the tree issue 44 found
 
 (from another directory: ``python -m ember.cli serve``, which the probe starts, looks in the
 current directory before PYTHONPATH.)

@@ -2,7 +2,7 @@
 hold of a peer before they are authenticated, and a peer out of files.
 
     python tools/probes/slots.py                          # this tree
-    git archive 2a8b11e | tar -x -C OLD && cd OLD && PYTHONPATH=OLD python $CHECKOUT/tools/probes/slots.py   # the tree as the issue found it
+    git archive 2a8b11e | tar -xC OLD; cd OLD; PYTHONPATH=OLD python $CHECKOUT/tools/probes/slots.py   # the tree issue 44 found
 
 (from another directory: ``python -m ember.cli serve``, which the probe starts, looks in the
 current directory before PYTHONPATH.)

@@ -3,7 +3,7 @@ sees of another, how fast wrong tokens are checked (HTTP and the handshake) and 
 logged, and where a token shows in error messages, tracebacks and CLI output.
 
     python tools/probes/tenants.py                                                 # this tree
-    git archive 2a8b11e | tar -x -C OLD && cd OLD && PYTHONPATH=OLD python $CHECKOUT/tools/probes/tenants.py   # the tree as the issue found it
+    git archive 2a8b11e | tar -xC OLD; cd OLD; PYTHONPATH=OLD python $CHECKOUT/tools/probes/tenants.py   # the tree issue 44 found
 
 (from another directory: ``python -m ember.cli serve``, which the probe starts, looks in the
 current directory before PYTHONPATH.)
