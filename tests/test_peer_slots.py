@@ -24,10 +24,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ember as em
+from ember.devices import RemoteDevice
 from ember.remote import server as server_module
 from ember.remote.access import host_key
 from ember.remote.slots import SHARE, Pool, Reserve, Slots
-from ember.remote.transfers import CAPABILITY_BYTES
 from ember.wire import protocol as wire
 from ember.wire.tls import CLOSED_IN_HANDSHAKE, client_context
 
@@ -191,7 +191,7 @@ def test_a_full_peer_answers_busy_in_each_framing_and_the_busy_reason_names_the_
             assert head.startswith(b"HTTP/1.1 503 Service Unavailable") and b"Retry-After: 1" in head
             assert re.fullmatch(full, body.decode().strip())
             with connect_from(peer.address, "127.0.0.9") as sock:
-                sock.sendall(frame(FETCH | {"capability": secrets.token_bytes(CAPABILITY_BYTES)}))
+                sock.sendall(frame(FETCH | {"capability": secrets.token_bytes(wire.CAPABILITY_BYTES)}))
                 answer = refusal(sock)
             assert answer["kind"] == "PeerBusy" and answer["retry"] is True and re.fullmatch(full, answer["reason"])
         finally:
@@ -210,7 +210,7 @@ def test_bogus_fetches_wait_in_slots_of_their_own_and_leave_the_clients_theirs()
     try:
         for _ in range(70):
             sock = connect_from(server.address, STRANGER)
-            sock.sendall(frame(FETCH | {"capability": secrets.token_bytes(CAPABILITY_BYTES)}))
+            sock.sendall(frame(FETCH | {"capability": secrets.token_bytes(wire.CAPABILITY_BYTES)}))
             fetches.append(sock)
         engine = session(server)  # from 127.0.0.1: its handshake slots are all free
         assert engine.peer_stats()["session_tensors"] == 0
@@ -309,14 +309,14 @@ def test_a_peer_that_closes_during_the_tls_handshake_is_not_called_plain(pki, sc
     peer did to a TLS client. A close or a reset says only what it is, and what it may mean."""
     port = _closing_listener(reset)
     with pytest.raises(em.ConnectionLost, match=rf"^{scheme}://127.0.0.1:{port}: {re.escape(CLOSED_IN_HANDSHAKE)} \(.+\)$"):
-        em.ones(1, device=em.device(f"{scheme}://127.0.0.1:{port}/0", tls_ca=pki.ca))
+        em.ones(1, device=RemoteDevice(scheme, "127.0.0.1", port, 0, None, pki.ca))  # no session of an earlier peer
 
 
 def test_a_peer_that_closes_before_answering_the_init_may_be_busy():
     port = _closing_listener(reset=False)
     with pytest.raises(em.ConnectionLost, match=rf"^ember://127.0.0.1:{port}/0: the peer closed the connection before "
                                                 r"answering the session's init \(it may be busy, .*\); try again later"):
-        em.ones(1, device=em.device(f"ember://127.0.0.1:{port}/0"))
+        em.ones(1, device=RemoteDevice("ember", "127.0.0.1", port, 0, None))  # no session of an earlier peer on the port
 
 
 # --- the slots, sans-I/O ------------------------------------------------------------------------
