@@ -26,18 +26,18 @@ from hypothesis import strategies as st
 import ember as em
 from ember.errors import ProtocolError
 from ember.remote import session as peer_session
-from ember.remote.server import PEER_LIMITS
-from ember.remote.session import (
+from ember.remote.memory import (
     GRAPH_COMPILE_BYTES,
     GRAPH_NODE_BYTES,
     GRAPH_OVERHEAD,
     POOL_IDLE_SECONDS,
+    RUN_OP_BYTES,
+    RUN_OVERHEAD,
     TENSOR_OVERHEAD,
-    UNKEPT,
     Budget,
-    Host,
-    hosted_devices,
 )
+from ember.remote.server import PEER_LIMITS
+from ember.remote.session import UNKEPT, Host, hosted_devices
 from ember.remote.transfers import Transfers
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
@@ -73,7 +73,7 @@ def _graph_bytes(ops: int, inputs: int = 1, outputs: int = 1) -> int:
 def _held(session) -> int:
     """What a session's quota counts between frames, summed from what it holds."""
     return (sum(session.sizes.values()) + session.replying + session.granted + session.runs_bytes
-            + sum(graph[5] for graph in session.graphs.values()))
+            + sum(graph.held for graph in session.graphs.values()))
 
 
 # --- row 6: per id, per graph, per op ---------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_graphs_count_their_ops_and_forget_gives_their_bytes_back():
     kept = 1 + (quota - graph - 2000 * GRAPH_COMPILE_BYTES) // graph  # each needs room to be compiled too
     for gid in range(2, 20):
         _replies(session, _chain(gid, 2000))
-    registered = [gid for gid, entry in session.graphs.items() if entry[4] is None]
+    registered = [gid for gid, entry in session.graphs.items() if entry.error is None]
     assert registered == list(range(1, kept + 1)) and session.used <= quota and session.used == _held(session)
     ((_, _, kind, message),) = _replies(session, ("run", 19, (5,), (6,)), ("get", 7, 6))
     assert kind == "ResourceLimitError" and message.startswith("graph: registering graph 19: ") and \
@@ -177,7 +177,7 @@ def test_a_graph_past_the_op_limit_is_refused_before_it_is_built(monkeypatch):
     _replies(session, ("graph", 2, tuple((k, em.float64, (1,)) for k in range(1001)), (0,), (), ()),
              ("graph", 3, ((0, em.float64, (1,)),), (0,) * 1001, (), ()))
     assert not checked
-    assert [session.graphs[gid][4].message for gid in (1, 2, 3)] == [
+    assert [session.graphs[gid].error.message for gid in (1, 2, 3)] == [
         "graph: 1001 ops in graph 1, more than the peer's limit of 1000 per graph",
         "graph: 1001 inputs in graph 2, more than the peer's limit of 1000 per graph",
         "graph: 1001 outputs in graph 3, more than the peer's limit of 1000 per graph"]
@@ -202,7 +202,7 @@ def test_what_a_session_learns_of_runs_is_counted_and_given_back():
     blob = wire.pack((records, []))
     for k, base in enumerate((10, 20, 30)):
         _replies(session, ("ops", base, (1,), blob))
-        assert session.runs_bytes == len(blob) + peer_session.RUN_OVERHEAD + (k > 0) * peer_session.RUN_OP_BYTES * 2
+        assert session.runs_bytes == len(blob) + RUN_OVERHEAD + (k > 0) * RUN_OP_BYTES * 2
     assert session.runs_replayed == 1 and session.used == _held(session)
     for k in range(peer_session.KEPT_RUNS):  # as many other runs: the session forgets them all and starts again
         _replies(session, ("ops", 1000 + 10 * k, (1,), wire.pack(([("multiply", (-1, (float(k), "float64")), (0,), {})], []))))

@@ -18,15 +18,8 @@ from hypothesis import strategies as st
 
 import ember as em
 from ember.ops import table
-from ember.remote.session import (
-    GRAPH_COMPILE_BYTES,
-    GRAPH_NODE_BYTES,
-    GRAPH_OVERHEAD,
-    TENSOR_OVERHEAD,
-    Budget,
-    Host,
-    hosted_devices,
-)
+from ember.remote.memory import GRAPH_COMPILE_BYTES, GRAPH_NODE_BYTES, GRAPH_OVERHEAD, TENSOR_OVERHEAD, Budget
+from ember.remote.session import Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, FrameReader, Limits
 
@@ -291,7 +284,7 @@ def test_a_scratch_rule_bounds_what_the_numpy_kernel_holds(name):
 def test_the_default_budget_is_three_quarters_of_this_machines_memory(monkeypatch):
     import os
 
-    from ember.remote import session as peer
+    from ember.remote import memory as peer
     total = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
     assert type(peer.default_memory()) is int and abs(peer.default_memory() - total * 3 // 4) < total * 0.02
     assert Budget().limit == peer.default_memory()
@@ -356,11 +349,11 @@ def test_a_graphs_constants_count_while_it_is_registered_and_a_refused_graph_kee
     assert session.used == sum(c.nbytes for c in constants) + _registered(register) + 2 * (128 + PER_ID)
     broken = register[:4] + ((("no_such_op", (0,), (99,), {}),), register[5])
     _send(session, broken, segments=constants)  # the same number, now refused: the old graph and its constants go
-    assert session.used == GRAPH_OVERHEAD + 2 * (128 + PER_ID) and session.graphs[7][4] is not None  # its entry alone
+    assert session.used == GRAPH_OVERHEAD + 2 * (128 + PER_ID) and session.graphs[7].error is not None  # its entry alone
 
 
 def test_the_budget_holds_exactly_its_limit_and_a_pool_gives_way_largest_first_only_as_needed():
-    from ember.remote.session import BufferPool
+    from ember.remote.memory import BufferPool
     assert Budget(100).take(100) and not Budget(100).take(101)  # at the limit: yes; past it: no
     budget = Budget(100)
     assert budget.take(60) and not budget.take(41) and budget.take(40) and budget.used == 100
@@ -377,7 +370,7 @@ def test_the_budget_holds_exactly_its_limit_and_a_pool_gives_way_largest_first_o
 
 
 def test_a_released_buffer_is_kept_only_if_the_budget_has_room_without_evicting():
-    from ember.remote.session import BufferPool
+    from ember.remote.memory import BufferPool
     budget = Budget(3 * MiB)
     pool = BufferPool(minimum=1024, budget=budget)
     pool.release([pool.allocate((2 * MiB,), np.dtype(np.uint8))])
@@ -387,7 +380,7 @@ def test_a_released_buffer_is_kept_only_if_the_budget_has_room_without_evicting(
 
 
 def test_a_pool_gives_up_no_more_than_the_shortfall():
-    from ember.remote.session import BufferPool
+    from ember.remote.memory import BufferPool
     budget = Budget(6 * MiB)
     pool = BufferPool(minimum=1024, budget=budget)
     for n in (MiB, 2 * MiB, 2 * MiB):
@@ -397,7 +390,7 @@ def test_a_pool_gives_up_no_more_than_the_shortfall():
 
 
 def test_a_session_keeps_a_little_credit_of_the_budget_and_gives_back_the_rest():
-    from ember.remote.session import CREDIT
+    from ember.remote.memory import CREDIT
     host = _host(session_bytes=1 << 40, memory=64 * MiB)
     session = _open(host)
     session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(MiB)]))  # 1 MiB, nothing reserved
@@ -474,7 +467,7 @@ def test_a_declined_graph_constant_is_named_and_a_graph_may_fill_the_quota_exact
 
 
 def test_credit_is_taken_for_what_is_missing_only():
-    from ember.remote.session import CREDIT
+    from ember.remote.memory import CREDIT
     host = _host(session_bytes=1 << 40, memory=64 * MiB)
     session = _open(host)
     session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(MiB)]))
@@ -512,7 +505,7 @@ def test_a_graph_constant_that_arrived_already_received_is_counted_and_refused_p
 
 
 def test_credit_at_its_edges():
-    from ember.remote.session import CREDIT
+    from ember.remote.memory import CREDIT
     host = _host(session_bytes=1 << 40, memory=64 * MiB)
     session = _open(host)
     for k in range(2):  # the second is exactly the credit left: it takes nothing more from the budget

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember.errors import ProtocolError
-from ember.remote.session import Budget, Host, hosted_devices
+from ember.remote.memory import Budget
+from ember.remote.session import Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, FrameReader, Limits
 
@@ -69,7 +70,7 @@ def test_mutated_traffic_is_answered_or_refused_and_the_session_still_computes(t
             refused = True  # the shell closes this connection; nothing else may escape
             break
     assert host.budget.used == session.used + session.credit + host.pool.total
-    assert session.used == session.live_bytes() + session.replying + sum(g[5] for g in session.graphs.values()) + \
+    assert session.used == session.live_bytes() + session.replying + sum(g.held for g in session.graphs.values()) + \
         sum(session._received.values()) + session.runs_bytes
     if not refused:  # what it kept still works beside new work
         x, fresh = np.arange(5.0), 10**9

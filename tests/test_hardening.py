@@ -29,8 +29,8 @@ import ember as em
 from ember.devices import RemoteDevice
 from ember.engines.remote import connect, keepalive_window
 from ember.remote.access import BAD_TOKEN, TokenFile, single_token
-from ember.remote.session import TENSOR_OVERHEAD, BufferPool, Host, hosted_devices
-from ember.remote.transfers import CAPABILITY_BYTES
+from ember.remote.memory import TENSOR_OVERHEAD, BufferPool
+from ember.remote.session import Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire import tcp, websocket
 
@@ -472,11 +472,11 @@ def test_authorizer_contract_sans_io():
         return host, session, reply
 
     host, session, reply = open_with(lambda address, token, device: f"{address}|{token}|{device}", device=1)
-    assert reply["t"] == "info" and reply["device"] == "numpy" and host.clients[session] == "10.0.0.7:4242|t0k3n-x|1"
+    assert reply["t"] == "info" and reply["device"] == "numpy" and session.client == "10.0.0.7:4242|t0k3n-x|1"
     host, session, reply = open_with(lambda *_: True)
-    assert host.clients[session] == "10.0.0.7:4242"
+    assert session.client == "10.0.0.7:4242" and session in host.registry.sessions
     host.close(session)
-    assert not host.clients and not host.registry.sessions
+    assert not host.registry.sessions
     for authorize, reason in ((lambda *_: False, "the peer's authorizer refused this client"),
                               (lambda *_: (_ for _ in ()).throw(em.AccessDenied("t0k3n-x, go away")), "<token>, go away"),
                               (lambda *_: 1 / 0, "the peer could not check this client's access")):
@@ -699,7 +699,7 @@ def test_a_fetch_of_a_capability_never_granted_waits_no_longer_than_the_handshak
         try:
             cpu, start = cpu_seconds(peer.pid), time.monotonic()
             connection.send(wire.encode_frame({"t": "fetch", "v": wire.VERSION, "session": "s",
-                                               "capability": secrets.token_bytes(CAPABILITY_BYTES)}))
+                                               "capability": secrets.token_bytes(wire.CAPABILITY_BYTES)}))
             answer = connection.receive().header
             seconds, used = time.monotonic() - start, cpu_seconds(peer.pid) - cpu
         finally:
@@ -736,7 +736,7 @@ def test_a_stopped_peer_leaves_no_fetch_waiting_for_a_grant():
     try:
         with RawSession(server.address) as session:
             host, port = server.address.rsplit(":", 1)
-            fetch = ("fetch", 7, em.float64, (4,), "ember", host, int(port), secrets.token_bytes(CAPABILITY_BYTES),
+            fetch = ("fetch", 7, em.float64, (4,), "ember", host, int(port), secrets.token_bytes(wire.CAPABILITY_BYTES),
                      session.info["peer"])  # from this very peer: a local fetch, of a capability never granted
             session.connection.send(wire.encode_frame({"t": "batch", "m": (fetch,)}))  # no reply: a sync would wait
             deadline, fetching = time.monotonic() + 5, []

@@ -23,8 +23,8 @@ from ember import devices
 from ember.devices import RemoteDevice
 from ember.engines import remote as remote_engine
 from ember.engines.remote import connect
+from ember.remote.memory import TENSOR_OVERHEAD
 from ember.remote.server import PEER_LIMITS
-from ember.remote.session import TENSOR_OVERHEAD
 from ember.wire import protocol as wire
 from ember.wire import tcp, websocket
 

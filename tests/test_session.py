@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from ember import dtypes as dt
 from ember.errors import ProtocolError
-from ember.remote.session import RUN_OP_BYTES, RUN_OVERHEAD, TENSOR_OVERHEAD, BufferPool, Host, hosted_devices
+from ember.remote.memory import RUN_OP_BYTES, RUN_OVERHEAD, TENSOR_OVERHEAD, BufferPool
+from ember.remote.session import Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
@@ -262,7 +263,7 @@ def test_a_registered_graph_is_compiled_as_a_local_jit_is():
         cap.output(-((x * 2.0 + 1.0) * 3.0), "y")
     session = _open(_host())
     _batch(session, register_message(1, cap.graph), register_message(2, cap.graph))
-    plan = session.graphs[1][2]
+    plan = session.graphs[1].plan
     assert [step[2] is None for step in plan.steps] == [False, True, True, True]  # in place after the first step
     assert session.graphs_registered == 2
     (_, (y,)), = _batch(session, ("put", 1, 0), ("run", 1, (1,), (2,)), ("get", 3, 2), segments=[np.ones(1000)])
@@ -288,7 +289,7 @@ def test_a_registered_graph_reserves_the_op_paths_peak_not_every_intermediate():
     quota = _registered(register) + 3 * array  # the graph, the input, and the run's two arrays at once
     session = _open(_host(Limits(max_tensor_bytes=1 << 20, max_session_bytes=quota)))
     _batch(session, register, ("put", 1, 0), segments=[host])
-    assert session.graphs[1][6] == 2 * array  # the need a run reserves
+    assert session.graphs[1].need == 2 * array  # the need a run reserves
     (_, (y,)), = _batch(session, ("run", 1, (1,), (2,)), ("get", 3, 2))
     np.testing.assert_array_equal(y, expected)
     assert session.used == session.live_bytes() + _registered(register) and session.live_bytes() == 2 * array
@@ -978,7 +979,7 @@ def test_a_host_serves_at_most_its_sessions_and_says_so():
     assert all(opened) and refused is None and reply == {
         "t": "refuse", "kind": "PeerBusy", "reason": "this peer is full: it serves at most 2 session(s) at once; try again later"}
     host.close(opened[0])
-    assert host.open(Frame({"t": "init", "v": wire.VERSION}, []))[0] is not None and opened[0] not in host.clients
+    assert host.open(Frame({"t": "init", "v": wire.VERSION}, []))[0] is not None and opened[0] not in host.registry.sessions
 
 
 @pytest.mark.parametrize("window, interval", [(4.0, 1.0), (0.1, 0.05), (999_999, 249_999.75), (0, None), (1e6, None),

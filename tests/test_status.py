@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import ember as em
 from ember.remote.access import Viewer
-from ember.remote.session import TENSOR_OVERHEAD
+from ember.remote.memory import TENSOR_OVERHEAD
 from ember.wire import protocol as wire
 
 from .peers import Peer
@@ -302,7 +302,8 @@ def test_the_counts_and_the_routing_without_sockets():
     """A Host fed frames directly: what a session did is counted once, kept after it closes, and answer()
     routes and checks tokens with no socket in the way."""
     from ember.remote import status
-    from ember.remote.session import BufferPool, Host, hosted_devices
+    from ember.remote.memory import BufferPool
+    from ember.remote.session import Host, hosted_devices
     from ember.wire import protocol as wire
     from ember.wire.protocol import Frame, Limits
 
@@ -364,7 +365,7 @@ def test_counts_add_up_over_sessions_and_what_is_remembered_is_bounded():
     host.close(sessions[0])
     host.close(sessions[1])
     host.close(sessions[0])  # again: nothing changes, nothing raises
-    assert host.totals()["ops"] == 6 and list(host.clients.values()) == ["10.0.0.2:1"]
+    assert host.totals()["ops"] == 6 and [s.client for s in host.registry.sessions] == ["10.0.0.2:1"]
     reads = tuple(("get", rid, 99) for rid in range(RECENT_ERRORS + 5))  # unknown tensor ids: each one a failure
     sessions[2].handle(Frame({"t": "batch", "m": reads}, []))
     assert sessions[2].errors["ExecutionError"] == RECENT_ERRORS + 5 and len(sessions[2].recent) == RECENT_ERRORS
@@ -557,7 +558,8 @@ class _NamedByToken:
 def _busy_host():
     """A Host with three sessions (clients a, b, c, opened in the order b, c, a), a refused
     handshake, and more failures than the status remembers: a failed 25 times, then b, then c."""
-    from ember.remote.session import BufferPool, Host, hosted_devices
+    from ember.remote.memory import BufferPool
+    from ember.remote.session import Host, hosted_devices
     from ember.wire.protocol import Frame, Limits
 
     host = Host(hosted_devices("numpy"), None, Limits(), authorize=_NamedByToken())

@@ -18,7 +18,6 @@ import pytest
 import trustme
 
 import ember as em
-from ember.remote.transfers import CAPABILITY_BYTES
 from ember.wire import protocol as wire
 from ember.wire import tcp
 
@@ -259,7 +258,7 @@ def test_a_plain_fetch_from_a_tls_peer_is_refused_before_its_capability_is_looke
     start = time.monotonic()
     try:
         connection.send(wire.encode_frame({"t": "fetch", "v": wire.VERSION, "session": "s",
-                                           "capability": secrets.token_bytes(CAPABILITY_BYTES)}))
+                                           "capability": secrets.token_bytes(wire.CAPABILITY_BYTES)}))
         answer = connection.receive().header
     finally:
         connection.close()

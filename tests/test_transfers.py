@@ -18,9 +18,10 @@ from ember.array import Array
 from ember.errors import ProtocolError
 from ember.ops.table import Meta
 from ember.remote import fetching
-from ember.remote.session import TENSOR_OVERHEAD as O  # noqa: N811  (bytes counted per tensor id, beside its data)
+from ember.remote.failures import Failure
+from ember.remote.memory import TENSOR_OVERHEAD as O  # noqa: N811  (bytes counted per tensor id, beside its data)
 from ember.remote.session import Host, hosted_devices
-from ember.remote.transfers import LINGER, Fetch, Grant, Outcome, Transfers
+from ember.remote.transfers import LINGER, Fetch, Grant, Transfers
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
@@ -495,7 +496,7 @@ def _batch(session, *messages):
 def _balanced(session) -> bool:
     """Whether the session's quota counts exactly what it holds between frames (tests/test_accounting.py's sum)."""
     return session.used == (session.live_bytes() + session.replying + session.granted + session.runs_bytes
-                            + sum(graph[5] for graph in session.graphs.values()))
+                            + sum(graph.held for graph in session.graphs.values()))
 
 
 def test_a_grant_and_a_local_fetch_between_two_sessions():
@@ -933,7 +934,7 @@ def test_a_fetch_asks_once_and_reads_each_answer_of_the_source():
     assert job.receive(Frame({"t": "refuse", "kind": "AccessDenied", "reason": "not yet", "retry": True}, []))  # final
     assert (job.wait().kind, job.wait().message) == ("AccessDenied", "transfer from ember://h:7: not yet")
     job.receive(Frame({"t": "tensor"}, [np.zeros((0, 3), np.float32)]))
-    assert isinstance(job.wait(), Outcome) and job.value is None  # over: what comes later is not taken
+    assert type(job.wait()) is Failure and job.value is None  # over: what comes later is not taken
 
     def answered(header, segments=()):
         job = Fetch(4, Meta((2,), em.float32), "ember", "h", 7, b"c" * 32, "s", False)

@@ -44,10 +44,10 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "wire": (["ember/wire/protocol.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
     "websocket": (["ember/wire/websocket.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_hardening.py",
                                               "tests/test_tls.py"]),
-    "session": (["ember/remote/session.py"], ["tests/test_session.py", "tests/test_budget.py", "tests/test_fuzz.py",
-                                              "tests/test_hardening.py", "tests/test_remote.py",
-                                              "tests/test_transfers.py", "tests/test_distributed.py",  # peer to peer
-                                              "tests/test_status.py"]),  # the peer's counters, its access rule
+    "session": (["ember/remote/session.py", "ember/remote/memory.py"],
+                ["tests/test_session.py", "tests/test_budget.py", "tests/test_fuzz.py", "tests/test_hardening.py",
+                 "tests/test_remote.py", "tests/test_transfers.py", "tests/test_distributed.py",  # peer to peer
+                 "tests/test_status.py"]),  # the peer's counters, its access rule
     "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],
                  ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_autodiff_api.py", "tests/test_graph_files.py",
                   "tests/test_session.py", "tests/test_budget.py",

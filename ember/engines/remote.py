@@ -32,11 +32,10 @@ from ..backends.base import held_alone
 from ..errors import ArgumentError, ConnectionLost, DeviceError, EmberError, NotSupportedError, ProtocolError, ResourceLimitError
 from ..ops.table import Meta
 from ..wire import protocol as wire
-from ..wire.protocol import HANDSHAKE_LIMITS, Limits
+from ..wire.protocol import CAPABILITY_BYTES, HANDSHAKE_LIMITS, Limits
 from ..wire.tcp import TimedOut, spin_wait, spin_window
 from .base import Engine
 
-CAPABILITY_BYTES = 32   # random bytes of a transfer capability (ember.remote.transfers checks the length)
 BATCH_OPS = 64          # send a batch once it holds this many messages …
 BATCH_SECONDS = 0.002    # … or once its first message is this old …
 BATCH_BYTES = 8 << 20    # … or once its copied uploads reach this size

@@ -35,7 +35,8 @@ from ..wire.websocket import accept as accept_websocket
 from . import http, status
 from .access import host_key
 from .fetching import Fetcher, Sources
-from .session import Budget, BufferPool, Host, default_quota, hosted_devices
+from .memory import Budget, BufferPool, default_quota
+from .session import Host, hosted_devices
 from .slots import Slots
 from .transfers import TTL, Transfers
 
@@ -163,7 +164,7 @@ class Server:
       session that receives nothing for ``idle_timeout`` seconds is closed (None or 0: never); a
       client waiting on its own long batch is not idle: the peer is not reading then, and sends
       it ``alive`` frames if it asked for keepalives. All sessions share ``max_memory``; one may
-      hold ``limits.max_session_bytes`` of it (unset: a quarter, ``session.default_quota``).
+      hold ``limits.max_session_bytes`` of it (unset: a quarter, ``memory.default_quota``).
     - Scarcity: ``start()`` raises the process's soft limit of open files to its hard limit; when
       files or memory run out all the same, accepting pauses (10 ms, doubling to 1 s) and goes on,
       logged once when it starts and once when it ends.
@@ -250,7 +251,7 @@ class Server:
     def stats(self) -> dict:
         """The open sessions, their live tensors, and their clients by name (or address)."""
         with self.hosting.registry.lock:
-            clients = sorted(self.hosting.clients.values())
+            clients = sorted(session.client for session in self.hosting.registry.sessions)
         return {**self.hosting.registry.stats(), "clients": clients}
 
     def start(self) -> Server:
@@ -499,8 +500,7 @@ class Server:
                     log.warning("%s: refused (%s): %s", address, refusal["kind"], refusal["reason"])
                 return
             info = replies[0][0]
-            with self.hosting.registry.lock:
-                name = self.hosting.clients.get(session, address)
+            name = session.client  # its authorizer's name for it, else its address
             who = name if name == address else f"{name} ({address})"
             log.info("%s: session opened on device %s (%s)", who, init.header.get("device", 0), info["device"])
             connection.deadline = None  # the handshake is done: the session's own limits and timeout

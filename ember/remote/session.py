@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 import traceback
 import uuid
 from collections import Counter, deque
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import dtypes as dt
-from ..backends.base import held_alone
 from ..devices import LocalDevice
 from ..devices import device as as_device
 from ..engines.local import LocalEngine
@@ -30,10 +29,22 @@ from ..errors import AccessDenied, EmberError, HostDeviceError, ProtocolError, R
 from ..ops.records import check_records, infer_record, literal_meta
 from ..ops.table import Meta
 from ..wire import protocol as wire
-from ..wire.protocol import Frame, Limits
+from ..wire.protocol import CAPABILITY_BYTES, Frame, Limits
 from .access import NotPermitted, Throttle, Throttled, Viewer, is_guess, single_token
+from .failures import Failure
+from .memory import (
+    CREDIT,
+    GRAPH_COMPILE_BYTES,
+    GRAPH_NODE_BYTES,
+    GRAPH_OVERHEAD,
+    RUN_OP_BYTES,
+    RUN_OVERHEAD,
+    TENSOR_OVERHEAD,
+    Budget,
+    BufferPool,
+)
 from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, NOT_COMPILED, RunPlan, absolute, endings, peak, records_of
-from .transfers import CAPABILITY_BYTES, FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Outcome, Transfers, is_host
+from .transfers import FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Transfers, is_host
 
 log = logging.getLogger("ember.serve")
 
@@ -75,194 +86,12 @@ def same_kind(name: str, names: list[str]) -> list[str]:
     return [n for n in names if n == family or n.startswith(family + ":")] or [name]
 
 
-def default_memory() -> int:
-    """The default memory budget of a peer: three quarters of this machine's physical memory."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 3 // 4
-    except (ValueError, OSError, AttributeError):  # a platform without sysconf
-        return 8 << 30
-
-
-class Budget:
-    """The memory all sessions of a peer may hold together (``--max-memory``): their tensors,
-    frames being received, replies being built, and the buffer pool's idle buffers, which give
-    way first. Thread-safe; sessions take it in chunks (:data:`CREDIT`), so most ops take no lock."""
-
-    def __init__(self, limit: int | None = None):
-        self.limit = default_memory() if limit is None else limit
-        self.used = 0
-        self.lock = threading.Lock()
-        self.pool: BufferPool | None = None  # idle buffers to let go of under pressure
-
-    def take(self, nbytes: int, evict: bool = True) -> bool:
-        """Count ``nbytes`` more if they fit, letting idle pool buffers go first when ``evict``."""
-        with self.lock:
-            short = self.used + nbytes - self.limit
-            if short > 0 and evict and self.pool is not None:
-                self.used -= self.pool.shrink(short)
-                short = self.used + nbytes - self.limit
-            if short > 0:
-                return False
-            self.used += nbytes
-            return True
-
-    def give(self, nbytes: int) -> None:
-        with self.lock:
-            self.used -= nbytes
-
-
-CREDIT = 1 << 20  # bytes a session keeps taken from the budget beyond what it uses, so small ops take no lock
-
-# What a session holds beyond its tensors' data, counted against its quota and the budget like the
-# data (tracemalloc's figures for 3k–50k of each: `python tools/probes/accounting.py --measure`):
-TENSOR_OVERHEAD = 512  # per tensor id: its dict entries, Meta, array object or Poison (measured 280–450 B)
-GRAPH_OVERHEAD = 2048  # per registered graph: its entry, plan and id (measured 1.35–1.65 KB for a 1-op graph)
-GRAPH_NODE_BYTES = 256  # per op, input and output of a registered graph (measured 150–200 B per op)
-GRAPH_COMPILE_BYTES = 1024  # per op, while a graph is validated and compiled (measured 780–870 B beyond its header)
-RUN_OVERHEAD = 512     # per run a session remembers, beside its blob's bytes (runs.py)
-RUN_OP_BYTES = 256     # per record of a compiled run (measured 220 B)
-SESSION_SHARE = 4      # a session's default quota is this fraction of the peer's budget (--max-session-bytes overrides)
-POOL_IDLE_SECONDS = 30  # an idle pool buffer not reused for this long is let go
-
-
-def default_quota(budget: Budget) -> int:
-    """The quota of a session when ``--max-session-bytes`` is not given: a quarter of the peer's
-    budget, so that no one client can make the peer refuse every other: a lone client still gets a
-    quarter of the machine, and it takes four sessions at their quota to fill it."""
-    return budget.limit // SESSION_SHARE
-
-
-class BufferPool:
-    """Keeps the buffers of freed received tensors for the next upload of the same size (a
-    caching allocator): a fresh 256 MiB buffer costs tens of milliseconds of page faults that a
-    reused one does not. A buffer is kept only when nothing else refers to it, and only while
-    the peer's budget has room: its idle buffers count against it and go first when it is short.
-    One not reused for ``idle_seconds`` is let go (:meth:`expire`), and all when no session is open
-    (:meth:`clear`): sizes nobody asks for again do not stay until the budget runs short."""
-
-    def __init__(self, capacity: int = 1 << 30, minimum: int = 1 << 20, budget: Budget | None = None,
-                 idle_seconds: float = POOL_IDLE_SECONDS):
-        self.capacity, self.minimum, self.idle_seconds = capacity, minimum, idle_seconds
-        self.free: dict[int, list] = {}
-        self.since: dict[int, list[float]] = {}  # when each buffer of free[size] was released, in the same order
-        self.total = 0
-        self.let_go = 0  # bytes expire() and clear() let go since the shell last looked (it hands the pages back)
-        self.lock = threading.Lock()  # one pool serves every session of a peer
-        self.budget = budget
-        if budget is not None:
-            budget.pool = self
-
-    def allocate(self, shape: tuple, dtype) -> np.ndarray:
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.minimum:
-            return np.empty(shape, dtype)
-        with self.lock:
-            stack = self.free.get(nbytes)
-            buffer = stack.pop() if stack else None
-            if buffer is not None:
-                self.since[nbytes].pop()
-                self.total -= nbytes
-        if buffer is None:
-            buffer = np.empty(nbytes, np.uint8)
-        elif self.budget is not None:
-            self.budget.give(nbytes)  # its bytes now count where the caller counts them
-        return buffer.view(dtype).reshape(shape)
-
-    def release(self, arrays: list) -> None:
-        """Offer the buffers behind ``arrays`` (values just removed from a session, in a list that
-        holds the caller's only references to them) for reuse. A buffer is kept only when nothing
-        else refers to it or to its array: no other tensor, name or view (:func:`held_alone`)."""
-        picked = [i for i, array in enumerate(arrays) if self._buffer(array) is not None]
-        if not picked:  # most drops: small tensors, in no buffer of ours
-            return
-        roots = [arrays[i].base for i in picked]
-        alone = held_alone(arrays)
-        # each root is referenced by the list and by its array's base, and by nothing else when free
-        for i, root, root_alone in zip(picked, roots, held_alone(roots, besides=1)):
-            if not (alone[i] and root_alone) or self.total + root.nbytes > self.capacity:
-                continue
-            if self.budget is not None and not self.budget.take(root.nbytes, evict=False):
-                continue
-            with self.lock:
-                self.free.setdefault(root.nbytes, []).append(root)
-                self.since.setdefault(root.nbytes, []).append(time.monotonic())
-                self.total += root.nbytes
-
-    def _buffer(self, array) -> np.ndarray | None:
-        """The byte buffer ``array`` is a view of, where it is of the kind :meth:`allocate` makes."""
-        root = array.base if type(array) is np.ndarray else None
-        if type(root) is not np.ndarray or root.dtype != np.uint8 or root.ndim != 1 or root.nbytes < self.minimum:
-            return None
-        return root
-
-    def shrink(self, nbytes: int) -> int:
-        """Let idle buffers go until ``nbytes`` are freed or none is left; returns the bytes freed."""
-        freed = 0
-        with self.lock:
-            for size in sorted(self.free, reverse=True):
-                stack = self.free[size]
-                while stack and freed < nbytes:
-                    stack.pop()
-                    self.since[size].pop()
-                    freed += size
-                if freed >= nbytes:
-                    break
-            self._prune()
-            self.total -= freed
-        return freed
-
-    def expire(self, now: float | None = None) -> int:
-        """Let go of the buffers released more than ``idle_seconds`` before ``now`` (the monotonic
-        clock; the shell calls this every few seconds) and give their bytes back to the budget;
-        returns the bytes freed. The oldest of each size are at the bottom of its stack."""
-        cutoff = (time.monotonic() if now is None else now) - self.idle_seconds
-        freed = 0
-        with self.lock:
-            for size, times in self.since.items():
-                old = next((k for k, when in enumerate(times) if when > cutoff), len(times))
-                if old:
-                    del self.free[size][:old], times[:old]
-                    freed += old * size
-            if freed:
-                self._prune()
-                self.total -= freed
-                self.let_go += freed
-        if freed and self.budget is not None:
-            self.budget.give(freed)
-        return freed
-
-    def clear(self) -> int:
-        """Let go of every idle buffer (no session is open: no one is about to reuse one) and give
-        their bytes back to the budget; returns the bytes freed."""
-        with self.lock:
-            freed, self.total = self.total, 0
-            self.free, self.since = {}, {}
-            self.let_go += freed
-        if freed and self.budget is not None:
-            self.budget.give(freed)
-        return freed
-
-    def _prune(self) -> None:
-        """Forget the sizes that have no idle buffer left (under the lock)."""
-        self.free = {size: stack for size, stack in self.free.items() if stack}
-        self.since = {size: self.since[size] for size in self.free}
-
-
 RECENT_ERRORS = 20  # the failures a session (and a host) remembers for the status page
 UNKEPT = 1024       # failures a session remembers that had no room to be kept (at most; about 100 KB)
 KEPT_CHARACTERS = 1000  # of a remembered failure's message (the status shows 300 characters)
 HISTORY = 150       # throughput samples a host keeps (five minutes, one every two seconds)
 #: a session's counters that only grow, and that the peer's totals sum over its sessions
 COUNTED = ("ops", "round_trips", "bytes_in", "bytes_out", "graphs_registered", "graph_runs")
-
-
-class Poison:
-    """What a failed op leaves in its outputs: the error, raised where they are read."""
-
-    __slots__ = ("kind", "message")
-
-    def __init__(self, kind: str, message: str):
-        self.kind, self.message = kind, message
 
 
 def _check_id(tid) -> None:
@@ -277,6 +106,23 @@ def _check_graph_id(gid) -> None:
 
 def _error_kind(error: Exception) -> str:
     return type(error).__name__ if isinstance(error, EmberError) else "ExecutionError"
+
+
+class RegisteredGraph(NamedTuple):
+    """A graph a session keeps by number (a ``graph`` message), for its ``run`` messages: what a
+    run checks and runs, and the bytes the graph holds. A refused graph keeps its error alone."""
+
+    inputs: tuple           # (node, Meta) of each input, in order: a run's tensors must have these metas
+    outputs: tuple          # the nodes a run returns, in order
+    plan: object            # the local engine's compiled plan (None for a refused graph)
+    out_metas: dict         # node -> Meta, of each output
+    error: Failure | None   # why it was refused: each run reports it
+    held: int               # bytes counted for it until it is forgotten: its entry, its nodes and its constants
+    need: int               # bytes a run reserves: the most its plan holds at once
+
+    @classmethod
+    def refused(cls, error: Failure, held: int = 0) -> RegisteredGraph:
+        return cls((), (), None, {}, error, held, 0)
 
 
 class Session:
@@ -307,11 +153,11 @@ class Session:
         self.pool = pool
         self.limits = limits
         self.registry = registry
-        self.tensors: dict[int, object] = {}   # id -> native array or Poison
+        self.tensors: dict[int, object] = {}   # id -> native array or Failure
         self.metas: dict[int, Meta] = {}
         self.sizes: dict[int, int] = {}         # id -> the bytes counted for it
-        self.unreported: list[Poison] = []      # failures since the last sync
-        self.graphs: dict[int, tuple] = {}      # registered graphs, by number
+        self.unreported: list[Failure] = []     # failures since the last sync
+        self.graphs: dict[int, RegisteredGraph] = {}  # by number
         self.ops = 0
         self.runs: dict[bytes, object] = {}  # a run's blob -> sightings, its RunPlan, or NOT_COMPILED (runs.py)
         self.runs_replayed = 0
@@ -328,8 +174,8 @@ class Session:
         self.runs_bytes = 0  # of used: the runs remembered in self.runs (their blobs, and their plans once compiled)
         # failures that had no room to be kept, by tensor id and by graph id: the last UNKEPT of each, so a read
         # or a run still names the failure (and older ones say they were not kept)
-        self.unkept: dict[int, Poison] = {}
-        self.unkept_graphs: dict[int, Poison] = {}
+        self.unkept: dict[int, Failure] = {}
+        self.unkept_graphs: dict[int, Failure] = {}
         self.forgot_unkept = False  # whether failures not kept were forgotten past UNKEPT
         self.ceiling = 0    # how far the op path may raise used without the checks of _reserve (see _room)
         self._room()
@@ -434,7 +280,7 @@ class Session:
         return array
 
     def _store(self, tid, value, meta: Meta | None, counted: bool) -> None:
-        """Keep ``value`` as tensor ``tid`` (a Poison has no meta; None frees the id), counting its
+        """Keep ``value`` as tensor ``tid`` (a Failure has no meta; None frees the id), counting its
         bytes and its id's overhead unless ``counted`` (a received segment's reservation has them).
         A value with no room is kept as its refusal; a failure with no room is not kept (its error is
         still reported, and the last UNKEPT such failures are remembered apart, so a read names it)."""
@@ -484,18 +330,18 @@ class Session:
         self.ceiling = min(limits.max_session_bytes,
                            self.used + TENSOR_OVERHEAD * (limits.max_session_tensors - len(sizes)))
 
-    def _fail(self, kind: str, message: str) -> Poison:
+    def _fail(self, kind: str, message: str) -> Failure:
         """A new failure, counted by kind for the peer's status (its message is shown there too)."""
         with self.watch_lock:  # failures are rare: the lock costs the op path nothing
             self.errors[kind] += 1
             self.recent.append((time.time(), kind, message[:KEPT_CHARACTERS]))
-        return Poison(kind, message)
+        return Failure(kind, message)
 
-    def _report(self, poison: Poison) -> None:
-        """Report ``poison`` at the next sync, unless a failure is reported there already: a sync
+    def _report(self, failure: Failure) -> None:
+        """Report ``failure`` at the next sync, unless one is reported there already: a sync
         reports the first, so only the first is kept (a client that never syncs holds no list)."""
         if not self.unreported:
-            self.unreported.append(poison)
+            self.unreported.append(failure)
 
     def _poison(self, outputs, kind: str, message: str) -> None:
         poison = self._fail(kind, message)
@@ -503,14 +349,14 @@ class Session:
             self._store(tid, poison, None, False)
         self._report(poison)
 
-    def _remember(self, unkept: dict, key: int, poison: Poison) -> None:
-        """Remember ``poison`` as that of ``key`` (a tensor or graph id) that had no room to be kept."""
+    def _remember(self, unkept: dict, key: int, failure: Failure) -> None:
+        """Remember ``failure`` as that of ``key`` (a tensor or graph id) that had no room to be kept."""
         if len(unkept) >= UNKEPT:  # the older half goes at once: a constant cost per failure, however many come
             newer = list(unkept.items())[UNKEPT // 2:]
             unkept.clear()
             unkept.update(newer)
             self.forgot_unkept = True
-        unkept[key] = poison
+        unkept[key] = failure
 
     def _unknown(self, tid) -> str:
         """Why tensor ``tid`` is unknown to this session."""
@@ -596,7 +442,7 @@ class Session:
         for ref in inputs:
             if type(ref) is int:
                 value = tensors.get(ref)
-                if value is not None and type(value) is not Poison:
+                if value is not None and type(value) is not Failure:
                     handles.append(value)
                     metas.append(known[ref])
                     continue
@@ -614,7 +460,7 @@ class Session:
                 return
             if value is None and self.unkept and type(ref) is int:
                 value = self.unkept.get(ref)  # a failure that had no room: it travels all the same
-            if type(value) is Poison:  # the failure travels to everything that depends on it
+            if type(value) is Failure:  # the failure travels to everything that depends on it
                 for tid in outputs:
                     self._store(tid, value, None, False)
             else:
@@ -773,7 +619,7 @@ class Session:
 
     def _read(self, tid, rid, replies) -> object | None:
         value = self.tensors.get(tid) if isinstance(tid, int) else None
-        if value is not None and type(value) is not Poison:  # the common case: a live tensor
+        if value is not None and type(value) is not Failure:  # the common case: a live tensor
             return value
         if value is None and self.incoming and type(tid) is int and tid in self.incoming:
             self._settle(tid)
@@ -784,7 +630,7 @@ class Session:
             failure = self._fail("ExecutionError", self._unknown(tid))
             replies.append(("error", rid, failure.kind, failure.message))
             return None
-        if isinstance(value, Poison):
+        if type(value) is Failure:
             replies.append(("error", rid, value.kind, value.message))
             return None
         return value
@@ -939,21 +785,22 @@ class Session:
         finally:
             self._give(transient)
         if error is not None:
-            self.graphs[gid] = ((), (), None, {}, error, held, 0)
+            self.graphs[gid] = RegisteredGraph.refused(error, held)
             return
         input_metas = tuple((tid, known[tid]) for tid, _, _ in inputs)
-        self.graphs[gid] = (input_metas, tuple(outputs), plan, {o: known[o] for o in outputs}, error, held, need)
+        self.graphs[gid] = RegisteredGraph(input_metas, tuple(outputs), plan, {o: known[o] for o in outputs}, None,
+                                           held, need)
 
     def _run(self, body, frame_segments, replies, segments) -> None:
         gid, input_ids, output_ids = body
         _check_graph_id(gid)
         graph = self.graphs.get(gid)
         if graph is None and self.unkept_graphs and gid in self.unkept_graphs:
-            graph = ((), (), None, {}, self.unkept_graphs[gid], 0, 0)  # refused with no room for its entry
+            graph = RegisteredGraph.refused(self.unkept_graphs[gid])  # refused with no room for its entry
         if graph is None:
             self._poison(output_ids, "ExecutionError", f"run: unknown graph {gid!r}")
             return
-        inputs, outputs, plan, out_metas, error, _, need = graph
+        inputs, outputs, error = graph.inputs, graph.outputs, graph.error
         self.graph_runs += 1  # a run of a registered graph: the registration is reused (a cache hit)
         if error is not None:
             for tid in output_ids:
@@ -976,7 +823,7 @@ class Session:
             if value is None:
                 self._poison(output_ids, "ExecutionError", f"run: {self._unknown(tid)}")
                 return
-            if type(value) is Poison:  # the failure travels on, reported once
+            if type(value) is Failure:  # the failure travels on, reported once
                 for out in output_ids:
                     self._store(out, value, None, False)
                 return
@@ -985,6 +832,7 @@ class Session:
                                                         f"got {self.metas[tid].shape} {self.metas[tid].dtype}")
                 return
             values.append(value)
+        plan, need = graph.plan, graph.need
         try:
             self._take(f"run of graph {gid}", need, sum(type(o) is int and o not in self.sizes for o in output_ids))
             try:
@@ -996,7 +844,7 @@ class Session:
             self._poison(output_ids, _error_kind(failure), str(failure))
             return
         self.ops += len(plan.steps)
-        self._keep(output_ids, results, tuple(out_metas[node] for node in outputs), need)
+        self._keep(output_ids, results, tuple(graph.out_metas[node] for node in outputs), need)
 
     def _forget(self, body, frame_segments, replies, segments) -> None:
         (gid,) = body
@@ -1008,7 +856,7 @@ class Session:
     def _drop_graph(self, gid) -> None:
         graph = self.graphs.pop(gid, None)
         if graph is not None:
-            self._give(graph[5])  # its entry, nodes and constants
+            self._give(graph.held)  # its entry, nodes and constants
 
     def _check_size(self, name, out_metas) -> None:
         limit = self.limits.max_tensor_bytes
@@ -1033,7 +881,7 @@ class Session:
         value, meta, nbytes = self.tensors.get(tid), self.metas.get(tid), 0
         if value is None:
             value = self._fail("ExecutionError", self._unknown(tid))
-        elif type(value) is not Poison:
+        elif type(value) is not Failure:
             nbytes = meta.nbytes
             reason = self._reserve(nbytes)
             if reason is not None:
@@ -1090,12 +938,12 @@ class Session:
         """Wait for the fetch of tensor ``tid`` and keep its value, or the failure naming it."""
         job = self.incoming.pop(tid)
         outcome = job.wait()
-        if type(outcome) is not Outcome:
+        if type(outcome) is not Failure:
             try:
                 value = self.engine.backend.adopt(outcome) if job.local else self.engine.upload(outcome)
             except Exception as error:
-                outcome = Outcome(_error_kind(error), f"transfer from {job.source}: {error}")
-        if type(outcome) is Outcome:
+                outcome = Failure(_error_kind(error), f"transfer from {job.source}: {error}")
+        if type(outcome) is Failure:
             self._poison((tid,), outcome.kind, outcome.message)
             return
         self.tensors[tid] = value
@@ -1120,7 +968,8 @@ class Session:
 
 
 class Registry:
-    """The live sessions of a server (for its counters). The peer's caps on tensors and graphs
+    """The open sessions of a peer, each naming its client (``session.client``, as logs and the
+    status name it), for its counters and its status. The peer's caps on tensors and graphs
     follow from theirs: at most ``max_sessions`` sessions, each within ``max_session_tensors``
     and ``max_session_graphs``, and every id and graph costs its overhead (TENSOR_OVERHEAD,
     GRAPH_OVERHEAD) of the one budget, so the budget over the overhead bounds them all together."""
@@ -1151,7 +1000,6 @@ class Host:
         self.registry = Registry()
         self.budget = budget or Budget()
         self.pool = BufferPool(budget=self.budget)  # shared by every session, within the budget
-        self.clients: dict[Session, str] = {}  # each open session's client, as logs and stats name it
         # for the status page and /metrics (status.py): what closed sessions did, failures, throughput samples
         self.started = time.time()
         self.retired: Counter[str] = Counter()  # the counters of closed sessions (COUNTED), summed
@@ -1283,13 +1131,12 @@ class Host:
         hosted = self.devices[index]
         session = Session(LocalEngine(hosted.engine.backend), self.limits, self.registry, pool or self.pool, self.budget,
                           self.transfers, self.identity)
+        session.client, session.address, session.device = client, address, str(hosted)  # named before it is seen
         with self.registry.lock:
             if self.max_sessions is not None and len(self.registry.sessions) >= self.max_sessions:
                 return refuse("PeerBusy", f"this peer is full: it serves at most {self.max_sessions} session(s) at "
                                           f"once; try again later")
             self.registry.sessions.add(session)
-            self.clients[session] = client
-        session.client, session.address, session.device = client, address, str(hosted)
         info = {
             "t": "info", "v": wire.VERSION, "session": session.id, "peer": self.identity, "backend": self.backend_name,
             "device": str(hosted), "devices": tuple(str(d) for d in self.devices), "device_count": len(self.devices),
@@ -1310,7 +1157,6 @@ class Host:
                     self.errors.update(session.errors)
                     self.recent.extend((when, session.client, kind, message) for when, kind, message in session.recent)
             self.registry.sessions.discard(session)
-            self.clients.pop(session, None)
             idle = not self.registry.sessions
         self.transfers.revoke(session)
         session.close()
@@ -1348,7 +1194,7 @@ class Host:
         if isinstance(outcome, str):
             return refuse("AccessDenied", outcome)
         value = outcome.value
-        if type(value) is Poison:  # the source tensor failed: its error travels on
+        if type(value) is Failure:  # the source tensor failed: its error travels on
             outcome.release()
             return refuse(value.kind, value.message)
         try:
@@ -1369,7 +1215,7 @@ class Host:
         if isinstance(outcome, str):
             job.fail("AccessDenied", outcome)
             return True
-        if type(outcome.value) is Poison:
+        if type(outcome.value) is Failure:
             job.fail(outcome.value.kind, outcome.value.message)
         else:
             job.deliver(outcome.value)  # the native array itself: the destination adopts it, no host copy

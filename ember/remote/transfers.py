@@ -31,24 +31,14 @@ from ..errors import ArgumentError, EmberError
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import HANDSHAKE_LIMITS, Frame, Limits
+from .failures import Failure
 
-CAPABILITY_BYTES = 32     # a capability's random bytes (256 bits, as Burn's)
 TTL = 300.0               # seconds a grant stays valid (ember serve --transfer-ttl)
 LINGER = 60.0             # seconds a used or expired capability is remembered after its grant ended
 GRANTS_PER_SESSION = 1024  # grants a session may have pending at once
 FETCHES_PER_SESSION = 256  # fetches a session may have pending at once, dropped ones whose worker still runs included
 SCHEMES = ("ember", "ws", "embers", "wss")
 SETTLE_SECONDS = 600.0    # the longest a session waits for its shell to finish a fetch (a shell bounds its own I/O)
-
-
-class Outcome:
-    """What a failed transfer leaves in its tensor: an error kind (an ember exception's name) and
-    a message naming the transfer."""
-
-    __slots__ = ("kind", "message")
-
-    def __init__(self, kind: str, message: str):
-        self.kind, self.message = kind, message
 
 
 class Grant:
@@ -310,7 +300,7 @@ class Fetch:
         self.capability, self.session, self.local = capability, session, local
         self.peer = peer    # the source's identity, as the client named it: the answer to hello must be it
         self.value = None   # the host array (or, local, the native array) once done
-        self.error: Outcome | None = None
+        self.error: Failure | None = None
         self.done = threading.Event()
         self.halted = threading.Event()  # set by cancel: a worker's wait (a retry's back-off) ends
         self.state = "queued"            # queued → running → over
@@ -393,7 +383,7 @@ class Fetch:
         """End the fetch with an error of ``kind`` (an ember exception's name)."""
         if not (isinstance(kind, str) and kind in wire.ERROR_KINDS):
             kind = "ExecutionError"
-        self.error = Outcome(kind, f"transfer from {self.source}: {message[:1000]}")
+        self.error = Failure(kind, f"transfer from {self.source}: {message[:1000]}")
         self.done.set()
 
     def fail_with(self, error: Exception) -> None:
@@ -408,10 +398,10 @@ class Fetch:
             self.done.set()
 
     def wait(self, timeout: float = SETTLE_SECONDS):
-        """The outcome: the value, or an :class:`Outcome` naming the failure (also when the shell
+        """The outcome: the value, or the :class:`Failure` that ended the fetch (also when the shell
         did not finish within ``timeout`` seconds)."""
         if not self.done.wait(timeout):
-            return Outcome("ConnectionLost", f"transfer from {self.source}: not done after {timeout:g} s")
+            return Failure("ConnectionLost", f"transfer from {self.source}: not done after {timeout:g} s")
         return self.error if self.error is not None else self.value
 
     # -- its life, for the bytes counted for it: the session's thread cancels, a worker begins and ends --

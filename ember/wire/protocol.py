@@ -31,6 +31,7 @@ VERSION = 3  # 2: runs of ops as ["ops", base, inputs, blob] messages (remote/ru
 MAGIC = b"EMBR"
 _PREFIX = struct.Struct("<4sIQ")
 PREFIX_SIZE = _PREFIX.size  # 16
+CAPABILITY_BYTES = 32  # the random bytes of a transfer's capability, in its grant and its fetch (256 bits, as Burn's)
 
 _EXT_DTYPE, _EXT_COMPLEX = 1, 2
 _NUMPY = {d.name: native for d, native in dt.NUMPY.items()}

@@ -210,12 +210,13 @@ def distinct_sizes_then_leave() -> None:
 
 
 def measure() -> None:
-    """The figures behind session.py's TENSOR_OVERHEAD and friends: tracemalloc over real frames fed to a session."""
+    """The figures behind memory.py's TENSOR_OVERHEAD and friends: tracemalloc over real frames fed to a session."""
     import gc
     import tracemalloc
 
     import ember.dtypes as dt
-    from ember.remote.session import Budget, Host, hosted_devices
+    from ember.remote.memory import Budget
+    from ember.remote.session import Host, hosted_devices
     from ember.wire.protocol import Frame, FrameReader, Limits
 
     def opened():

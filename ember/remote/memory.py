@@ -1,0 +1,194 @@
+"""A compute peer's memory: the budget all its sessions share, the figures a session counts, the buffer pool.
+
+Every byte a session makes the peer hold is counted before it is allocated: against the
+session's quota (``limits.max_session_bytes``; a quarter of the budget unless set,
+:func:`default_quota`) and the peer's :class:`Budget`, which a session takes in chunks
+(:data:`CREDIT`), so most ops take no lock. What a session holds beside its tensors' data — each
+tensor id, graph, graph op and remembered run — counts at the fixed figures below, so counts are
+bytes too. The :class:`BufferPool` keeps freed upload buffers for reuse, within the budget.
+Without I/O; thread-safe where several sessions share an object (the budget, the pool).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import numpy as np
+
+from ..backends.base import held_alone
+
+
+def default_memory() -> int:
+    """The default memory budget of a peer: three quarters of this machine's physical memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 3 // 4
+    except (ValueError, OSError, AttributeError):  # a platform without sysconf
+        return 8 << 30
+
+
+class Budget:
+    """The memory all sessions of a peer may hold together (``--max-memory``): their tensors,
+    frames being received, replies being built, and the buffer pool's idle buffers, which give
+    way first. Thread-safe; sessions take it in chunks (:data:`CREDIT`), so most ops take no lock."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = default_memory() if limit is None else limit
+        self.used = 0
+        self.lock = threading.Lock()
+        self.pool: BufferPool | None = None  # idle buffers to let go of under pressure
+
+    def take(self, nbytes: int, evict: bool = True) -> bool:
+        """Count ``nbytes`` more if they fit, letting idle pool buffers go first when ``evict``."""
+        with self.lock:
+            short = self.used + nbytes - self.limit
+            if short > 0 and evict and self.pool is not None:
+                self.used -= self.pool.shrink(short)
+                short = self.used + nbytes - self.limit
+            if short > 0:
+                return False
+            self.used += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self.lock:
+            self.used -= nbytes
+
+
+CREDIT = 1 << 20  # bytes a session keeps taken from the budget beyond what it uses, so small ops take no lock
+
+# What a session holds beyond its tensors' data, counted against its quota and the budget like the
+# data (tracemalloc's figures for 3k–50k of each: `python tools/probes/accounting.py --measure`):
+TENSOR_OVERHEAD = 512  # per tensor id: its dict entries, Meta, array object or Failure (measured 280–450 B)
+GRAPH_OVERHEAD = 2048  # per registered graph: its entry, plan and id (measured 1.35–1.65 KB for a 1-op graph)
+GRAPH_NODE_BYTES = 256  # per op, input and output of a registered graph (measured 150–200 B per op)
+GRAPH_COMPILE_BYTES = 1024  # per op, while a graph is validated and compiled (measured 780–870 B beyond its header)
+RUN_OVERHEAD = 512     # per run a session remembers, beside its blob's bytes (runs.py)
+RUN_OP_BYTES = 256     # per record of a compiled run (measured 220 B)
+SESSION_SHARE = 4      # a session's default quota is this fraction of the peer's budget (--max-session-bytes overrides)
+POOL_IDLE_SECONDS = 30  # an idle pool buffer not reused for this long is let go
+
+
+def default_quota(budget: Budget) -> int:
+    """The quota of a session when ``--max-session-bytes`` is not given: a quarter of the peer's
+    budget, so that no one client can make the peer refuse every other: a lone client still gets a
+    quarter of the machine, and it takes four sessions at their quota to fill it."""
+    return budget.limit // SESSION_SHARE
+
+
+class BufferPool:
+    """Keeps the buffers of freed received tensors for the next upload of the same size (a
+    caching allocator): a fresh 256 MiB buffer costs tens of milliseconds of page faults that a
+    reused one does not. A buffer is kept only when nothing else refers to it, and only while
+    the peer's budget has room: its idle buffers count against it and go first when it is short.
+    One not reused for ``idle_seconds`` is let go (:meth:`expire`), and all when no session is open
+    (:meth:`clear`): sizes nobody asks for again do not stay until the budget runs short."""
+
+    def __init__(self, capacity: int = 1 << 30, minimum: int = 1 << 20, budget: Budget | None = None,
+                 idle_seconds: float = POOL_IDLE_SECONDS):
+        self.capacity, self.minimum, self.idle_seconds = capacity, minimum, idle_seconds
+        self.free: dict[int, list] = {}
+        self.since: dict[int, list[float]] = {}  # when each buffer of free[size] was released, in the same order
+        self.total = 0
+        self.let_go = 0  # bytes expire() and clear() let go since the shell last looked (it hands the pages back)
+        self.lock = threading.Lock()  # one pool serves every session of a peer
+        self.budget = budget
+        if budget is not None:
+            budget.pool = self
+
+    def allocate(self, shape: tuple, dtype) -> np.ndarray:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.minimum:
+            return np.empty(shape, dtype)
+        with self.lock:
+            stack = self.free.get(nbytes)
+            buffer = stack.pop() if stack else None
+            if buffer is not None:
+                self.since[nbytes].pop()
+                self.total -= nbytes
+        if buffer is None:
+            buffer = np.empty(nbytes, np.uint8)
+        elif self.budget is not None:
+            self.budget.give(nbytes)  # its bytes now count where the caller counts them
+        return buffer.view(dtype).reshape(shape)
+
+    def release(self, arrays: list) -> None:
+        """Offer the buffers behind ``arrays`` (values just removed from a session, in a list that
+        holds the caller's only references to them) for reuse. A buffer is kept only when nothing
+        else refers to it or to its array: no other tensor, name or view (:func:`held_alone`)."""
+        picked = [i for i, array in enumerate(arrays) if self._buffer(array) is not None]
+        if not picked:  # most drops: small tensors, in no buffer of ours
+            return
+        roots = [arrays[i].base for i in picked]
+        alone = held_alone(arrays)
+        # each root is referenced by the list and by its array's base, and by nothing else when free
+        for i, root, root_alone in zip(picked, roots, held_alone(roots, besides=1)):
+            if not (alone[i] and root_alone) or self.total + root.nbytes > self.capacity:
+                continue
+            if self.budget is not None and not self.budget.take(root.nbytes, evict=False):
+                continue
+            with self.lock:
+                self.free.setdefault(root.nbytes, []).append(root)
+                self.since.setdefault(root.nbytes, []).append(time.monotonic())
+                self.total += root.nbytes
+
+    def _buffer(self, array) -> np.ndarray | None:
+        """The byte buffer ``array`` is a view of, where it is of the kind :meth:`allocate` makes."""
+        root = array.base if type(array) is np.ndarray else None
+        if type(root) is not np.ndarray or root.dtype != np.uint8 or root.ndim != 1 or root.nbytes < self.minimum:
+            return None
+        return root
+
+    def shrink(self, nbytes: int) -> int:
+        """Let idle buffers go until ``nbytes`` are freed or none is left; returns the bytes freed."""
+        freed = 0
+        with self.lock:
+            for size in sorted(self.free, reverse=True):
+                stack = self.free[size]
+                while stack and freed < nbytes:
+                    stack.pop()
+                    self.since[size].pop()
+                    freed += size
+                if freed >= nbytes:
+                    break
+            self._prune()
+            self.total -= freed
+        return freed
+
+    def expire(self, now: float | None = None) -> int:
+        """Let go of the buffers released more than ``idle_seconds`` before ``now`` (the monotonic
+        clock; the shell calls this every few seconds) and give their bytes back to the budget;
+        returns the bytes freed. The oldest of each size are at the bottom of its stack."""
+        cutoff = (time.monotonic() if now is None else now) - self.idle_seconds
+        freed = 0
+        with self.lock:
+            for size, times in self.since.items():
+                old = next((k for k, when in enumerate(times) if when > cutoff), len(times))
+                if old:
+                    del self.free[size][:old], times[:old]
+                    freed += old * size
+            if freed:
+                self._prune()
+                self.total -= freed
+                self.let_go += freed
+        if freed and self.budget is not None:
+            self.budget.give(freed)
+        return freed
+
+    def clear(self) -> int:
+        """Let go of every idle buffer (no session is open: no one is about to reuse one) and give
+        their bytes back to the budget; returns the bytes freed."""
+        with self.lock:
+            freed, self.total = self.total, 0
+            self.free, self.since = {}, {}
+            self.let_go += freed
+        if freed and self.budget is not None:
+            self.budget.give(freed)
+        return freed
+
+    def _prune(self) -> None:
+        """Forget the sizes that have no idle buffer left (under the lock)."""
+        self.free = {size: stack for size, stack in self.free.items() if stack}
+        self.since = {size: self.since[size] for size in self.free}
