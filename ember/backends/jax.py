@@ -1,4 +1,5 @@
-"""The JAX backend: jax:cpu and jax:gpu:N through one code path, eager ops through jax.numpy.
+"""The JAX backend: jax:cpu and jax:gpu:N through one code path, eager ops through jax.numpy: the
+generic table (generic.py) over it, with JAX's renames and overrides (the table at the end).
 
 ember's default dtypes (float64, int64) hold here as on every device, without touching the
 user's global JAX configuration: every kernel, transfer and compiled call runs inside
@@ -26,6 +27,7 @@ from ..errors import NotSupportedError
 from ..ops.creation import arange_length
 from ..ops.indexing import decode_key
 from ..ops.nn import GELU_A, GELU_C
+from . import generic
 from .base import Backend
 from .numpy_nn import GOLDEN, MIX1, MIX2
 
@@ -129,26 +131,6 @@ def _complex_edges(name, function):
     return kernel
 
 
-def _complex(a):
-    return a.astype(jnp.result_type(a.dtype, jnp.complex64))
-
-
-def _sum_like(function):
-    return lambda x, axis, dtype, keepdims: function(x, axis=axis, dtype=NATIVE[dtype], keepdims=keepdims)
-
-
-def _cumulative(function):
-    return lambda x, axis, dtype, include_initial: function(x, axis=axis, dtype=NATIVE[dtype], include_initial=include_initial)
-
-
-def _fft(function):
-    return lambda x, n, axis, norm: function(x, n=n, axis=axis, norm=norm)
-
-
-def _fftn(function):
-    return lambda x, s, axes, norm: function(x, s=s, axes=axes, norm=norm)
-
-
 def _repeat(x, repeats, axis):
     if isinstance(repeats, tuple):
         repeats = np.asarray(repeats)
@@ -178,92 +160,9 @@ def _vector_norm(x, axis, keepdims, ord):
     return jnp.linalg.vector_norm(x, axis=axis, keepdims=keepdims, ord=ord)
 
 
-_BINARY_AND_UNARY = {
-    "abs": jnp.abs, "acos": jnp.arccos, "acosh": jnp.arccosh, "asin": jnp.arcsin, "asinh": _asinh,
-    "atan": jnp.arctan, "atanh": jnp.arctanh, "bitwise_invert": jnp.invert, "ceil": jnp.ceil, "conj": jnp.conj,
-    "cos": jnp.cos, "cosh": jnp.cosh, "exp": jnp.exp, "expm1": jnp.expm1, "floor": jnp.floor, "imag": jnp.imag,
-    "isfinite": jnp.isfinite, "isinf": jnp.isinf, "isnan": jnp.isnan, "log": jnp.log, "log1p": jnp.log1p,
-    "log2": jnp.log2, "log10": jnp.log10, "logical_not": jnp.logical_not, "negative": jnp.negative,
-    "positive": jnp.positive, "real": jnp.real, "reciprocal": jnp.reciprocal, "round": jnp.round, "sign": _sign,
-    "signbit": jnp.signbit, "sin": jnp.sin, "sinh": jnp.sinh, "sqrt": jnp.sqrt, "square": jnp.square, "tan": jnp.tan,
-    "tanh": jnp.tanh, "trunc": jnp.trunc,
-    "add": jnp.add, "subtract": jnp.subtract, "multiply": jnp.multiply, "divide": jnp.divide, "pow": jnp.power,
-    "equal": jnp.equal, "not_equal": jnp.not_equal, "greater": jnp.greater, "greater_equal": jnp.greater_equal,
-    "less": jnp.less, "less_equal": jnp.less_equal, "floor_divide": _floor_divide, "remainder": _remainder,
-    "maximum": jnp.maximum, "minimum": jnp.minimum, "atan2": jnp.arctan2, "copysign": jnp.copysign, "hypot": jnp.hypot,
-    "nextafter": jnp.nextafter, "logaddexp": jnp.logaddexp, "bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
-    "bitwise_xor": jnp.bitwise_xor, "bitwise_left_shift": jnp.left_shift, "bitwise_right_shift": jnp.right_shift,
-    "logical_and": jnp.logical_and, "logical_or": jnp.logical_or, "logical_xor": jnp.logical_xor,
-    "where": jnp.where, "tril": lambda x, k: jnp.tril(x, k), "triu": lambda x, k: jnp.triu(x, k),
-}
-
-_COMPLEX_EDGES = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "exp", "expm1", "log", "log1p", "log2",
-                  "log10", "sin", "sinh", "sqrt", "tan", "tanh")
-KERNELS = {
-    **_BINARY_AND_UNARY,
-    **{name: _complex_edges(name, _BINARY_AND_UNARY[name]) for name in _COMPLEX_EDGES},
-    # reductions, scans, searching, sorting, sets
-    "sum": _sum_like(jnp.sum), "prod": _sum_like(jnp.prod),
-    "max": lambda x, axis, keepdims: jnp.max(x, axis=axis, keepdims=keepdims),
-    "min": lambda x, axis, keepdims: jnp.min(x, axis=axis, keepdims=keepdims),
-    "mean": lambda x, axis, keepdims: jnp.mean(x, axis=axis, keepdims=keepdims),
-    "std": lambda x, axis, correction, keepdims: jnp.std(x, axis=axis, correction=correction, keepdims=keepdims),
-    "var": lambda x, axis, correction, keepdims: jnp.var(x, axis=axis, correction=correction, keepdims=keepdims),
-    "all": lambda x, axis, keepdims: jnp.all(x, axis=axis, keepdims=keepdims),
-    "any": lambda x, axis, keepdims: jnp.any(x, axis=axis, keepdims=keepdims),
-    "count_nonzero": lambda x, axis, keepdims: jnp.count_nonzero(x, axis=axis, keepdims=keepdims).astype(jnp.int64),
-    "argmax": lambda x, axis, keepdims: jnp.argmax(x, axis=axis, keepdims=keepdims).astype(jnp.int64),
-    "argmin": lambda x, axis, keepdims: jnp.argmin(x, axis=axis, keepdims=keepdims).astype(jnp.int64),
-    "cumulative_sum": _cumulative(jnp.cumulative_sum), "cumulative_prod": _cumulative(jnp.cumulative_prod),
-    "diff": lambda x, axis, n: jnp.diff(x, n=n, axis=axis),
-    "sort": lambda x, axis, descending, stable: jnp.sort(x, axis=axis, descending=descending, stable=stable),
-    "argsort": lambda x, axis, descending, stable: jnp.argsort(x, axis=axis, descending=descending, stable=stable),
-    "searchsorted": lambda x1, x2, side: jnp.searchsorted(x1, x2, side=side).astype(jnp.int64),
-    "isin": lambda x1, x2, invert: jnp.isin(x1, x2, invert=invert),
-    "nonzero": lambda x: tuple(i.astype(jnp.int64) for i in jnp.nonzero(x)),
-    "unique_values": jnp.unique_values, "unique_counts": lambda x: tuple(jnp.unique_counts(x)),
-    "unique_inverse": lambda x: tuple(jnp.unique_inverse(x)), "unique_all": lambda x: tuple(jnp.unique_all(x)),
-    # manipulation
-    "astype": lambda x, dtype, copy: x.astype(NATIVE[dtype]),
-    "broadcast_to": jnp.broadcast_to,
-    "concat": lambda *arrays, axis: jnp.concatenate(arrays, axis=axis),
-    "stack": lambda *arrays, axis: jnp.stack(arrays, axis=axis),
-    "expand_dims": lambda x, axis: jnp.expand_dims(x, axis),
-    "flip": lambda x, axis: jnp.flip(x, axis),
-    "moveaxis": lambda x, source, destination: jnp.moveaxis(x, source, destination),
-    "permute_dims": lambda x, axes: jnp.transpose(x, axes),
-    "repeat": _repeat,
-    "reshape": lambda x, shape, copy: jnp.reshape(x, shape),
-    "roll": lambda x, shift, axis: jnp.roll(x, shift, axis),
-    "squeeze": lambda x, axis: jnp.squeeze(x, axis),
-    "tile": lambda x, repetitions: jnp.tile(x, repetitions),
-    "unstack": lambda x, axis: tuple(jnp.unstack(x, axis=axis)),
-    # indexing
-    "getitem": _getitem, "setitem": _setitem, "take": _take, "take_along_axis": _take_along_axis,
-    "scatter_add": _scatter_add,
-    # linear algebra
-    "matmul": jnp.matmul, "tensordot": lambda x1, x2, axes: jnp.tensordot(x1, x2, axes),
-    "vecdot": lambda x1, x2, axis: jnp.vecdot(x1, x2, axis=axis),
-    "cholesky": lambda x, upper: jnp.linalg.cholesky(x, upper=upper), "inv": jnp.linalg.inv, "det": jnp.linalg.det,
-    "slogdet": lambda x: tuple(jnp.linalg.slogdet(x)), "eigh": lambda x: tuple(jnp.linalg.eigh(x)),
-    "eig": lambda x: tuple(_complex(a) for a in jnp.linalg.eig(x)), "eigvals": lambda x: _complex(jnp.linalg.eigvals(x)),
-    "eigvalsh": jnp.linalg.eigvalsh, "matrix_power": lambda x, n: jnp.linalg.matrix_power(x, n),
-    "qr": lambda x, mode: tuple(jnp.linalg.qr(x, mode=mode)),
-    "svd": lambda x, full_matrices: tuple(jnp.linalg.svd(x, full_matrices=full_matrices)),
-    "svdvals": jnp.linalg.svdvals, "pinv": _pinv, "solve": jnp.linalg.solve,
-    "cross": lambda x1, x2, axis: jnp.linalg.cross(x1, x2, axis=axis),
-    "diagonal": lambda x, offset: jnp.diagonal(x, offset, axis1=-2, axis2=-1),
-    "trace": lambda x, offset, dtype: jnp.trace(x, offset, axis1=-2, axis2=-1, dtype=NATIVE[dtype]),
-    "matrix_norm": lambda x, keepdims, ord: jnp.linalg.matrix_norm(x, keepdims=keepdims, ord=ord),
-    "vector_norm": _vector_norm,
-    # fft
-    "fft": _fft(jnp.fft.fft), "ifft": _fft(jnp.fft.ifft), "rfft": _fft(jnp.fft.rfft), "irfft": _fft(jnp.fft.irfft),
-    "hfft": _fft(jnp.fft.hfft), "ihfft": _fft(jnp.fft.ihfft),
-    "fftn": _fftn(jnp.fft.fftn), "ifftn": _fftn(jnp.fft.ifftn), "rfftn": _fftn(jnp.fft.rfftn),
-    "irfftn": _fftn(jnp.fft.irfftn),
-    "fftshift": lambda x, axes: jnp.fft.fftshift(x, axes) if axes else x,
-    "ifftshift": lambda x, axes: jnp.fft.ifftshift(x, axes) if axes else x,
-}
+def _int64(kernel):
+    """``kernel`` with its indices as int64 (jnp.searchsorted gives int32 even with 64-bit types enabled)."""
+    return lambda *args, **attrs: kernel(*args, **attrs).astype(jnp.int64)
 
 
 # --- nn ---------------------------------------------------------------------------------------------
@@ -286,15 +185,6 @@ def _reduce(values, reduction):
 def _cross_entropy(logits, target, reduction):
     log_p = jax.nn.log_softmax(logits, axis=-1)
     return _reduce(-jnp.take_along_axis(log_p, target[:, None].astype(jnp.int64), axis=1)[:, 0], reduction)
-
-
-def _layer_norm(x, *affine, normalized_shape, eps):
-    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    wide = x.astype(jnp.promote_types(x.dtype, jnp.float64))  # statistics in float64, as on numpy
-    mean = wide.mean(axis=axes, keepdims=True)
-    var = ((wide - mean) ** 2).mean(axis=axes, keepdims=True)
-    out = ((wide - mean) / jnp.sqrt(var + eps)).astype(x.dtype)
-    return out * affine[0] + affine[1] if affine else out
 
 
 def _conv(x, weight, stride, padding, dilation, groups):
@@ -349,16 +239,6 @@ def _avg_pool2d(x, kernel_size, stride, padding):
     return _pool(x, jnp.array(0, x.dtype), lax.add, kernel_size, stride, padding) / math.prod(kernel_size)
 
 
-def _attention(q, k, v, *mask, is_causal, scale):
-    s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
-    scores = (q @ jnp.swapaxes(k, -1, -2)) * s
-    if mask:
-        scores = scores + mask[0]
-    if is_causal:
-        scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], dtype=bool)), scores, -jnp.inf)
-    return jax.nn.softmax(scores, axis=-1) @ v
-
-
 @functools.partial(jax.jit, static_argnames="approximate")
 def _gelu_grad(g, x, approximate):
     """g · gelu'(x), one fused XLA computation."""
@@ -368,44 +248,52 @@ def _gelu_grad(g, x, approximate):
     return g * (0.5 * (1 + lax.erf(x / math.sqrt(2))) + x * jnp.exp(-0.5 * (x * x)) / math.sqrt(2 * math.pi))
 
 
-KERNELS.update({
+def _arange(start, stop, step, dtype):
+    n = arange_length(start, stop, step)
+    if all(isinstance(v, int) for v in (start, stop, step)):
+        return jnp.arange(start, start + n * step, step, dtype=NATIVE[dtype])[:n]
+    return (start + step * jnp.arange(n, dtype=jnp.float64)).astype(NATIVE[dtype])  # NumPy's formula
+
+
+# --- the table ---------------------------------------------------------------------------------------
+
+# JAX's functions of the standard's names are wrappers of its NumPy-named ones, which the kernels call directly
+XP = generic.Namespace(jnp, acos=jnp.arccos, acosh=jnp.arccosh, asin=jnp.arcsin, atan=jnp.arctan, atanh=jnp.arctanh,
+                       atan2=jnp.arctan2, bitwise_invert=jnp.invert, bitwise_left_shift=jnp.left_shift,
+                       bitwise_right_shift=jnp.right_shift, pow=jnp.power, concat=jnp.concatenate,
+                       permute_dims=jnp.transpose)
+_STANDARD = generic.kernels(XP, NATIVE)
+_OWN = {
+    **_STANDARD,
+    "asinh": _asinh, "sign": _sign, "floor_divide": _floor_divide, "remainder": _remainder,  # XLA's values fixed
+    **{name: _int64(_STANDARD[name]) for name in ("argmax", "argmin", "searchsorted")},
+    "nonzero": lambda x: tuple(i.astype(jnp.int64) for i in jnp.nonzero(x)),
+    # JAX arrays are immutable: where NumPy copies, JAX hands back the array itself
+    "astype": lambda x, dtype, copy: x.astype(NATIVE[dtype]),
+    "reshape": lambda x, shape, copy: jnp.reshape(x, shape),
+    "fftshift": lambda x, axes: jnp.fft.fftshift(x, axes) if axes else x,
+    "ifftshift": lambda x, axes: jnp.fft.ifftshift(x, axes) if axes else x,
+    "repeat": _repeat, "pinv": _pinv, "vector_norm": _vector_norm,
+    # indices out of bounds refused (JAX clamps them); setitem and scatter_add functional
+    "getitem": _getitem, "setitem": _setitem, "take": _take, "take_along_axis": _take_along_axis,
+    "scatter_add": _scatter_add,
+    "arange": _arange, "empty": lambda shape, dtype: jnp.zeros(shape, dtype=NATIVE[dtype]),
+    "dropout_mask": lambda shape, p, seed: (uniform_hash(math.prod(shape), seed) >= p).reshape(shape),
+    # nn
     "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid, "silu": jax.nn.silu,
     "gelu": lambda x, approximate: jax.nn.gelu(x, approximate=approximate == "tanh"),
     "gelu_grad": _gelu_grad,
     "softmax": lambda x, axis: jax.nn.softmax(x, axis=axis), "log_softmax": lambda x, axis: jax.nn.log_softmax(x, axis=axis),
     "cross_entropy": _cross_entropy,
     "mse_loss": lambda x, y, reduction: _reduce((x - y) ** 2, reduction),
-    "linear": lambda x, weight, *bias: x @ weight.T + bias[0] if bias else x @ weight.T,
-    "layer_norm": _layer_norm,
-    "embedding": lambda indices, weight: weight[indices],
     "conv2d": _conv2d, "conv2d_input_grad": _conv2d_input_grad, "conv2d_weight_grad": _conv2d_weight_grad,
     "max_pool2d": _max_pool2d, "max_pool2d_grad": _max_pool2d_grad, "avg_pool2d": _avg_pool2d,
-    "scaled_dot_product_attention": _attention,
-})
-
-
-def _creation_kernels() -> dict:
-    """Kernels without array inputs (placed on the backend's device by the caller)."""
-    def arange(start, stop, step, dtype):
-        n = arange_length(start, stop, step)
-        if all(isinstance(v, int) for v in (start, stop, step)):
-            return jnp.arange(start, start + n * step, step, dtype=NATIVE[dtype])[:n]
-        return (start + step * jnp.arange(n, dtype=jnp.float64)).astype(NATIVE[dtype])  # NumPy's formula
-
-    return {
-        "dropout_mask": lambda shape, p, seed: (uniform_hash(math.prod(shape), seed) >= p).reshape(shape),
-        "arange": arange,
-        "full": lambda shape, fill_value, dtype: jnp.full(shape, fill_value, dtype=NATIVE[dtype]),
-        "empty": lambda shape, dtype: jnp.zeros(shape, dtype=NATIVE[dtype]),
-        "eye": lambda n_rows, n_cols, k, dtype: jnp.eye(n_rows, n_cols, k, dtype=NATIVE[dtype]),
-        "linspace": lambda start, stop, num, dtype, endpoint: jnp.linspace(start, stop, num, endpoint=endpoint,
-                                                                           dtype=NATIVE[dtype]),
-        "fftfreq": lambda n, d, dtype: jnp.fft.fftfreq(n, d).astype(NATIVE[dtype]),
-        "rfftfreq": lambda n, d, dtype: jnp.fft.rfftfreq(n, d).astype(NATIVE[dtype]),
-    }
-
-
-CREATION = _creation_kernels()
+    "scaled_dot_product_attention": generic.attention(XP, jax.nn.softmax),
+}
+_COMPLEX_EDGES = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "exp", "expm1", "log", "log1p", "log2",
+                  "log10", "sin", "sinh", "sqrt", "tan", "tanh")
+KERNELS = {**_OWN, **{name: _complex_edges(name, _OWN[name]) for name in _COMPLEX_EDGES}}
+CREATION = ("arange", "full", "empty", "eye", "linspace", "fftfreq", "rfftfreq", "dropout_mask")  # no array inputs
 
 
 class JaxBackend(Backend):
@@ -419,7 +307,7 @@ class JaxBackend(Backend):
         self.device_name, self.device = device_name, device
         self.native_type = type(jax.device_put(np.zeros(()), device))
         put = functools.partial(jax.device_put, device=device)
-        placed = {name: (lambda f: lambda *a, **k: put(f(*a, **k)))(f) for name, f in CREATION.items()}
+        placed = {name: (lambda f: lambda *a, **k: put(f(*a, **k)))(KERNELS[name]) for name in CREATION}
         self.kernels = {name: in_x64(function) for name, function in {**KERNELS, **placed}.items()}
 
     @in_x64

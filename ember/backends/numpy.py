@@ -1,5 +1,6 @@
-"""The NumPy backend: ember's embedded default. Kernels are NumPy 2 functions, which follow
-the Array API standard for most operations; array_api_compat fills the rest."""
+"""The NumPy backend: ember's embedded default. Kernels are the generic table (generic.py) over
+NumPy 2, which has the standard's names; array_api_compat fills in where NumPy's functions lack
+the standard's arguments, and NumPy's values are fixed where they are not the standard's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..ops.indexing import decode_key
+from . import generic
 from .base import Backend, cpu_threads, held_alone
 from .numpy_nn import KERNELS as NN_KERNELS
 
@@ -67,128 +69,17 @@ def _mean(x, axis, keepdims):
     return np.true_divide(total, count) if count else np.true_divide(total, 0.0)
 
 
-def _sort(x, axis, descending, stable):
-    return compat.sort(x, axis=axis, descending=descending, stable=stable)
-
-
-def _argsort(x, axis, descending, stable):
-    return compat.argsort(x, axis=axis, descending=descending, stable=stable)
-
-
-def _complex(a):
-    """``a`` in the complex dtype of its precision: NumPy's eig gives real results when every eigenvalue is real."""
-    return a.astype(np.result_type(a.dtype, np.complex64), copy=False)
-
-
-def _unique(function):
-    return lambda x: tuple(function(x))
-
-
-def _fft(function):
-    return lambda x, n, axis, norm: function(x, n=n, axis=axis, norm=norm)
-
-
-def _fftn(function):
-    return lambda x, s, axes, norm: function(x, s=s, axes=axes, norm=norm)
-
-
-def _cumulative(function):
-    return lambda x, axis, dtype, include_initial: function(x, axis=axis, dtype=NATIVE[dtype], include_initial=include_initial)
-
+# NumPy 2 has the standard's names; array_api_compat's functions serve where NumPy's lack the standard's arguments
+XP = generic.Namespace(np, **{name: getattr(compat, name) for name in (
+    "sort", "argsort", "unique_values", "unique_counts", "unique_inverse", "unique_all")})
 
 KERNELS = {
-    # elementwise
-    "abs": np.abs, "acos": np.arccos, "acosh": np.arccosh, "asin": np.arcsin, "asinh": np.arcsinh,
-    "atan": np.arctan, "atanh": np.arctanh, "bitwise_invert": np.invert, "ceil": np.ceil, "conj": np.conj,
-    "cos": np.cos, "cosh": np.cosh, "exp": np.exp, "expm1": _expm1, "floor": np.floor, "imag": np.imag,
-    "isfinite": np.isfinite, "isinf": np.isinf, "isnan": np.isnan, "log": np.log, "log1p": np.log1p,
-    "log2": np.log2, "log10": np.log10, "logical_not": np.logical_not, "negative": np.negative,
-    "positive": np.positive, "real": np.real, "reciprocal": np.reciprocal, "round": np.round, "sign": np.sign,
-    "signbit": np.signbit, "sin": np.sin, "sinh": np.sinh, "sqrt": np.sqrt, "square": np.square, "tan": np.tan,
-    "tanh": _tanh, "trunc": np.trunc,
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide, "pow": np.power,
-    "equal": np.equal, "not_equal": np.not_equal, "greater": np.greater, "greater_equal": np.greater_equal,
-    "less": np.less, "less_equal": np.less_equal, "floor_divide": _floor_divide, "remainder": np.remainder,
-    "maximum": np.maximum, "minimum": np.minimum, "atan2": np.arctan2, "copysign": np.copysign, "hypot": np.hypot,
-    "nextafter": np.nextafter, "logaddexp": np.logaddexp, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
-    "bitwise_xor": np.bitwise_xor, "bitwise_left_shift": np.left_shift, "bitwise_right_shift": np.right_shift,
-    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
-    "where": np.where, "tril": lambda x, k: np.tril(x, k), "triu": lambda x, k: np.triu(x, k),
-    # reductions, scans, searching, sorting, sets
-    "sum": lambda x, axis, dtype, keepdims: np.sum(x, axis=axis, dtype=NATIVE[dtype], keepdims=keepdims),
-    "prod": lambda x, axis, dtype, keepdims: np.prod(x, axis=axis, dtype=NATIVE[dtype], keepdims=keepdims),
-    "max": lambda x, axis, keepdims: np.max(x, axis=axis, keepdims=keepdims),
-    "min": lambda x, axis, keepdims: np.min(x, axis=axis, keepdims=keepdims),
+    **generic.kernels(XP, NATIVE),
+    "expm1": _expm1, "tanh": _tanh, "floor_divide": _floor_divide,  # NumPy's values where the standard's differ
     "mean": _mean,
-    "std": lambda x, axis, correction, keepdims: np.std(x, axis=axis, ddof=correction, keepdims=keepdims),
-    "var": lambda x, axis, correction, keepdims: np.var(x, axis=axis, ddof=correction, keepdims=keepdims),
-    "all": lambda x, axis, keepdims: np.all(x, axis=axis, keepdims=keepdims),
-    "any": lambda x, axis, keepdims: np.any(x, axis=axis, keepdims=keepdims),
-    "count_nonzero": lambda x, axis, keepdims: np.asarray(np.count_nonzero(x, axis=axis, keepdims=keepdims), dtype=np.int64),
-    "argmax": lambda x, axis, keepdims: np.argmax(x, axis=axis, keepdims=keepdims),
-    "argmin": lambda x, axis, keepdims: np.argmin(x, axis=axis, keepdims=keepdims),
-    "cumulative_sum": _cumulative(np.cumulative_sum), "cumulative_prod": _cumulative(np.cumulative_prod),
-    "diff": lambda x, axis, n: np.diff(x, n=n, axis=axis),
-    "sort": _sort, "argsort": _argsort,
-    "searchsorted": lambda x1, x2, side: np.searchsorted(x1, x2, side=side),
-    "isin": lambda x1, x2, invert: np.isin(x1, x2, invert=invert),
-    "nonzero": np.nonzero,
-    "unique_values": compat.unique_values, "unique_counts": _unique(compat.unique_counts),
-    "unique_inverse": _unique(compat.unique_inverse), "unique_all": _unique(compat.unique_all),
-    # manipulation
-    "astype": lambda x, dtype, copy: x.astype(NATIVE[dtype], copy=copy),
-    "broadcast_to": np.broadcast_to,
-    "concat": lambda *arrays, axis: np.concatenate(arrays, axis=axis),
-    "stack": lambda *arrays, axis: np.stack(arrays, axis=axis),
-    "expand_dims": lambda x, axis: np.expand_dims(x, axis),
-    "flip": lambda x, axis: np.flip(x, axis),
-    "moveaxis": lambda x, source, destination: np.moveaxis(x, source, destination),
-    "permute_dims": lambda x, axes: np.transpose(x, axes),
-    "repeat": lambda x, repeats, axis: np.repeat(x, repeats, axis),
-    "reshape": lambda x, shape, copy: np.reshape(x, shape, copy=copy),
-    "roll": lambda x, shift, axis: np.roll(x, shift, axis),
-    "squeeze": lambda x, axis: np.squeeze(x, axis),
-    "tile": lambda x, repetitions: np.tile(x, repetitions),
-    "unstack": lambda x, axis: np.unstack(x, axis=axis),
-    # creation
-    "arange": lambda start, stop, step, dtype: np.arange(start, stop, step, dtype=NATIVE[dtype]),
-    "full": lambda shape, fill_value, dtype: np.full(shape, fill_value, dtype=NATIVE[dtype]),
-    "empty": lambda shape, dtype: np.empty(shape, dtype=NATIVE[dtype]),
-    "eye": lambda n_rows, n_cols, k, dtype: np.eye(n_rows, n_cols, k, dtype=NATIVE[dtype]),
-    "linspace": lambda start, stop, num, dtype, endpoint: np.linspace(start, stop, num, endpoint=endpoint, dtype=NATIVE[dtype]),
-    # indexing
-    "getitem": lambda x, *indices, key: x[decode_key(key, indices)],
-    "setitem": _setitem,
-    "take": lambda x, indices, axis: np.take(x, indices, axis=axis),
-    "take_along_axis": lambda x, indices, axis: np.take_along_axis(x, indices, axis),
-    "scatter_add": _scatter_add,
-    # linear algebra
-    "matmul": np.matmul, "tensordot": lambda x1, x2, axes: np.tensordot(x1, x2, axes),
-    "vecdot": lambda x1, x2, axis: np.vecdot(x1, x2, axis=axis),
-    "cholesky": lambda x, upper: np.linalg.cholesky(x, upper=upper), "inv": np.linalg.inv, "det": np.linalg.det,
-    "slogdet": lambda x: tuple(np.linalg.slogdet(x)), "eigh": lambda x: tuple(np.linalg.eigh(x)),
-    "eig": lambda x: tuple(_complex(a) for a in np.linalg.eig(x)), "eigvals": lambda x: _complex(np.linalg.eigvals(x)),
-    "eigvalsh": np.linalg.eigvalsh, "matrix_power": lambda x, n: np.linalg.matrix_power(x, n),
-    "qr": lambda x, mode: tuple(np.linalg.qr(x, mode=mode)),
-    "svd": lambda x, full_matrices: tuple(np.linalg.svd(x, full_matrices=full_matrices)),
-    "svdvals": np.linalg.svdvals, "pinv": lambda x, rtol: np.linalg.pinv(x, rtol=rtol), "solve": np.linalg.solve,
-    "cross": lambda x1, x2, axis: np.cross(x1, x2, axis=axis),
-    "diagonal": lambda x, offset: np.diagonal(x, offset, axis1=-2, axis2=-1),
-    "trace": lambda x, offset, dtype: np.trace(x, offset, axis1=-2, axis2=-1, dtype=NATIVE[dtype]),
-    "matrix_norm": lambda x, keepdims, ord: np.linalg.matrix_norm(x, keepdims=keepdims, ord=ord),
-    "vector_norm": lambda x, axis, keepdims, ord: np.linalg.vector_norm(x, axis=axis, keepdims=keepdims, ord=ord),
-    # fft
-    "fft": _fft(np.fft.fft), "ifft": _fft(np.fft.ifft), "rfft": _fft(np.fft.rfft), "irfft": _fft(np.fft.irfft),
-    "hfft": _fft(np.fft.hfft), "ihfft": _fft(np.fft.ihfft),
-    "fftn": _fftn(np.fft.fftn), "ifftn": _fftn(np.fft.ifftn), "rfftn": _fftn(np.fft.rfftn), "irfftn": _fftn(np.fft.irfftn),
-    "fftfreq": lambda n, d, dtype: np.fft.fftfreq(n, d).astype(NATIVE[dtype], copy=False),
-    "rfftfreq": lambda n, d, dtype: np.fft.rfftfreq(n, d).astype(NATIVE[dtype], copy=False),
-    "fftshift": lambda x, axes: np.fft.fftshift(x, axes) if axes else x.copy(),
-    "ifftshift": lambda x, axes: np.fft.ifftshift(x, axes) if axes else x.copy(),
+    "setitem": _setitem, "scatter_add": _scatter_add,  # no function of the standard
+    **NN_KERNELS,
 }
-
-
-KERNELS.update(NN_KERNELS)
 # ufuncs whose positional ``out`` NumPy 2.4 deprecates (a third argument read as a third operand by mistake)
 _OUT_BY_KEYWORD = (np.maximum, np.minimum)
 

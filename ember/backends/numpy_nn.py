@@ -1,4 +1,5 @@
-"""NumPy kernels of the nn rows: vectorised, with sliding windows + tensordot for convolution."""
+"""NumPy kernels of the nn rows: vectorised, with sliding windows + tensordot for convolution (linear,
+layer_norm and embedding are the generic table's)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..ops.nn import GELU_A, GELU_C
+from .generic import attention
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -82,21 +84,6 @@ def _cross_entropy(logits, target, reduction):
     log_p = _log_softmax(logits, -1)
     picked = -np.take_along_axis(log_p, target[:, None].astype(np.int64), axis=1)[:, 0]
     return _reduce(picked, reduction)
-
-
-def _linear(x, weight, *bias):
-    out = x @ weight.T
-    return out + bias[0] if bias else out
-
-
-def _layer_norm(x, *affine, normalized_shape, eps):
-    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    # statistics in float64, as torch accumulates in a wider type: a constant float32 row normalises to 0, not 1e-4
-    wide = x.astype(np.promote_types(x.dtype, np.float64), copy=False)
-    mean = wide.mean(axis=axes, keepdims=True)
-    var = ((wide - mean) ** 2).mean(axis=axes, keepdims=True)
-    out = ((wide - mean) / np.sqrt(var + eps)).astype(x.dtype, copy=False)
-    return out * affine[0] + affine[1] if affine else out
 
 
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's constants
@@ -204,16 +191,6 @@ def _avg_pool2d(x, kernel_size, stride, padding):
     return out
 
 
-def _attention(q, k, v, *mask, is_causal, scale):
-    s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
-    scores = (q @ np.swapaxes(k, -1, -2)) * s
-    if mask:
-        scores = scores + mask[0]
-    if is_causal:
-        scores = np.where(np.tril(np.ones(scores.shape[-2:], dtype=bool)), scores, -np.inf)
-    return _softmax(scores, -1) @ v
-
-
 KERNELS = {
     "relu": lambda x: np.maximum(x, 0).astype(x.dtype, copy=False),
     "sigmoid": _sigmoid,
@@ -224,15 +201,12 @@ KERNELS = {
     "log_softmax": _log_softmax,
     "cross_entropy": _cross_entropy,
     "mse_loss": lambda x, y, reduction: _reduce((x - y) ** 2, reduction),
-    "linear": _linear,
-    "layer_norm": _layer_norm,
     "dropout_mask": _dropout_mask,
-    "embedding": lambda indices, weight: weight[indices],
     "conv2d": _conv2d,
     "conv2d_input_grad": _conv2d_input_grad,
     "conv2d_weight_grad": _conv2d_weight_grad,
     "max_pool2d": _max_pool2d,
     "max_pool2d_grad": _max_pool2d_grad,
     "avg_pool2d": _avg_pool2d,
-    "scaled_dot_product_attention": _attention,
+    "scaled_dot_product_attention": attention(np, _softmax),
 }

@@ -1,9 +1,11 @@
 """The PyTorch backend: torch:cpu and torch:cuda:N through one code path.
 
-Kernels are torch functions, through array_api_compat where its wrappers give the standard's
-semantics. PyTorch stores uint16/uint32/uint64 tensors and converts them, but has no arithmetic on
-them, so this backend holds arrays of those dtypes (moved in, moved out, cast with ``astype``) and
-declares them outside ``dtypes``, the dtypes ops compute on, instead of failing inside kernels.
+Kernels are the generic table (generic.py) over torch, with torch's renames and overrides (the
+table after the nn kernels): torch functions, through array_api_compat where its wrappers give the
+standard's semantics. PyTorch stores uint16/uint32/uint64 tensors and converts them, but has no
+arithmetic on them, so this backend holds arrays of those dtypes (moved in, moved out, cast with
+``astype``) and declares them outside ``dtypes``, the dtypes ops compute on, instead of failing
+inside kernels.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import math
 
 import array_api_compat.torch as compat
-import array_api_compat.torch.linalg as compat_linalg
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from .. import dtypes as dt
 from ..errors import NotSupportedError
 from ..ops.creation import arange_length
+from . import generic
 from .base import Backend
 from .numpy_nn import GOLDEN, MIX1, MIX2
 
@@ -134,18 +136,6 @@ def _reduce(function):
             return x.clone()
         return function(x, axis=axis, keepdims=keepdims, **attrs)
     return kernel
-
-
-def _cumulative(function):
-    return lambda x, axis, dtype, include_initial: function(x, axis=axis, dtype=NATIVE[dtype], include_initial=include_initial)
-
-
-def _fft(function):
-    return lambda x, n, axis, norm: function(x, n=n, dim=axis, norm=norm)
-
-
-def _fftn(function):
-    return lambda x, s, axes, norm: function(x, s=s, dim=axes, norm=norm)
 
 
 def _imag(x):
@@ -292,93 +282,6 @@ def _unique_inverse(x):
     return values, inverse.reshape(x.shape)
 
 
-_BINARY = {
-    "add": torch.add, "subtract": torch.subtract, "multiply": torch.multiply, "divide": torch.divide,
-    "pow": _pow, "equal": torch.eq, "not_equal": torch.ne, "greater": torch.gt, "greater_equal": torch.ge,
-    "less": torch.lt, "less_equal": torch.le, "floor_divide": _floor_divide, "remainder": _remainder,
-    "maximum": torch.maximum, "minimum": torch.minimum, "atan2": torch.atan2, "copysign": torch.copysign,
-    "hypot": torch.hypot, "nextafter": torch.nextafter, "logaddexp": torch.logaddexp,
-    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
-    "bitwise_left_shift": torch.bitwise_left_shift, "bitwise_right_shift": torch.bitwise_right_shift,
-    "logical_and": torch.logical_and, "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
-}
-
-KERNELS = {
-    "abs": torch.abs, "acos": _acos, "acosh": torch.acosh, "asin": torch.asin, "asinh": torch.asinh,
-    "atan": torch.atan, "atanh": torch.atanh, "bitwise_invert": torch.bitwise_not, "ceil": compat.ceil,
-    "conj": torch.conj_physical, "cos": torch.cos, "cosh": torch.cosh, "exp": torch.exp, "expm1": _expm1,
-    "floor": compat.floor, "imag": _imag, "isfinite": torch.isfinite, "isinf": torch.isinf, "isnan": torch.isnan,
-    "log": torch.log, "log1p": _log1p, "log2": torch.log2, "log10": torch.log10,
-    "logical_not": torch.logical_not, "negative": torch.negative, "positive": torch.clone, "real": torch.real,
-    "reciprocal": torch.reciprocal, "round": _round, "sign": compat.sign, "signbit": torch.signbit,
-    "sin": torch.sin, "sinh": torch.sinh, "sqrt": torch.sqrt, "square": torch.square, "tan": torch.tan,
-    "tanh": _tanh, "trunc": compat.trunc,
-    **{name: _scalars_as_tensors(function) for name, function in _BINARY.items()},
-    "where": torch.where, "tril": lambda x, k: torch.tril(x, k), "triu": lambda x, k: torch.triu(x, k),
-    # reductions, scans, searching, sorting, sets
-    "sum": _sum_like(compat.sum), "prod": _sum_like(compat.prod),
-    "max": _reduce(compat.max), "min": _reduce(compat.min), "mean": _reduce(compat.mean),
-    "std": _std, "var": _variance,
-    "all": lambda x, axis, keepdims: compat.all(x, axis=axis, keepdims=keepdims) if axis != () else x.to(torch.bool),
-    "any": lambda x, axis, keepdims: compat.any(x, axis=axis, keepdims=keepdims) if axis != () else x.to(torch.bool),
-    "count_nonzero": lambda x, axis, keepdims: compat.count_nonzero(x, axis=axis, keepdims=keepdims).to(torch.int64)
-    if axis != () else (x != 0).to(torch.int64),
-    "argmax": lambda x, axis, keepdims: compat.argmax(x, axis=axis, keepdims=keepdims),
-    "argmin": lambda x, axis, keepdims: compat.argmin(x, axis=axis, keepdims=keepdims),
-    "cumulative_sum": _cumulative(compat.cumulative_sum), "cumulative_prod": _cumulative(compat.cumulative_prod),
-    "diff": lambda x, axis, n: torch.diff(x, n=n, dim=axis) if n else x.clone(),
-    "sort": lambda x, axis, descending, stable: compat.sort(x, axis=axis, descending=descending, stable=stable),
-    "argsort": lambda x, axis, descending, stable: compat.argsort(x, axis=axis, descending=descending, stable=stable),
-    "searchsorted": lambda x1, x2, side: torch.searchsorted(x1, x2, side=side),
-    "isin": _isin,
-    "nonzero": lambda x: torch.nonzero(x, as_tuple=True),
-    "unique_values": _unique_values, "unique_counts": _unique_counts, "unique_inverse": _unique_inverse,
-    "unique_all": _unique_all,
-    # manipulation
-    "astype": lambda x, dtype, copy: x.to(NATIVE[dtype], copy=copy),
-    "broadcast_to": lambda x, shape: torch.broadcast_to(x, shape),
-    "concat": lambda *arrays, axis: torch.cat([a.reshape(-1) for a in arrays] if axis is None else arrays, dim=axis or 0),
-    "stack": lambda *arrays, axis: torch.stack(arrays, dim=axis),
-    "expand_dims": _expand_dims,
-    "flip": lambda x, axis: torch.flip(x, tuple(range(x.ndim)) if axis is None else axis),
-    "moveaxis": lambda x, source, destination: torch.movedim(x, source, destination),
-    "permute_dims": lambda x, axes: torch.permute(x, axes),
-    "repeat": _repeat,
-    "reshape": lambda x, shape, copy: compat.reshape(x, shape, copy=copy),
-    "roll": _roll,
-    "squeeze": lambda x, axis: torch.squeeze(x, axis) if axis else x,
-    "tile": lambda x, repetitions: torch.tile(x, repetitions),
-    "unstack": lambda x, axis: torch.unbind(x, axis),
-    # indexing
-    "getitem": _getitem, "setitem": _setitem, "take": _take, "take_along_axis": _take_along_axis,
-    "scatter_add": lambda x, indices, values: x.index_add(0, indices, values),
-    # linear algebra
-    "matmul": torch.matmul,
-    "tensordot": lambda x1, x2, axes: torch.tensordot(x1, x2, dims=(list(axes[0]), list(axes[1]))),
-    "vecdot": _vecdot,
-    "cholesky": lambda x, upper: torch.linalg.cholesky(x, upper=upper), "inv": torch.linalg.inv,
-    "det": torch.linalg.det, "slogdet": lambda x: tuple(torch.linalg.slogdet(x)),
-    "eigh": lambda x: tuple(torch.linalg.eigh(x)), "eigvalsh": torch.linalg.eigvalsh,
-    "eig": lambda x: tuple(torch.linalg.eig(x)), "eigvals": torch.linalg.eigvals,
-    "matrix_power": lambda x, n: torch.linalg.matrix_power(x, n),
-    "qr": lambda x, mode: tuple(torch.linalg.qr(x, mode=mode)),
-    "svd": lambda x, full_matrices: tuple(torch.linalg.svd(x, full_matrices=full_matrices)),
-    "svdvals": torch.linalg.svdvals, "pinv": lambda x, rtol: torch.linalg.pinv(x, rtol=rtol),
-    "solve": compat_linalg.solve, "cross": lambda x1, x2, axis: compat_linalg.cross(x1, x2, axis=axis),
-    "diagonal": lambda x, offset: torch.diagonal(x, offset, dim1=-2, dim2=-1),
-    "trace": lambda x, offset, dtype: torch.sum(torch.diagonal(x, offset, dim1=-2, dim2=-1), dim=-1, dtype=NATIVE[dtype]),
-    "matrix_norm": lambda x, keepdims, ord: torch.linalg.matrix_norm(x, ord=ord, keepdim=keepdims),
-    "vector_norm": _vector_norm,
-    # fft
-    "fft": _fft(torch.fft.fft), "ifft": _fft(torch.fft.ifft), "rfft": _fft(torch.fft.rfft),
-    "irfft": _fft(torch.fft.irfft), "hfft": _fft(torch.fft.hfft), "ihfft": _fft(torch.fft.ihfft),
-    "fftn": _fftn(torch.fft.fftn), "ifftn": _fftn(torch.fft.ifftn), "rfftn": _fftn(torch.fft.rfftn),
-    "irfftn": _fftn(torch.fft.irfftn),
-    "fftshift": lambda x, axes: torch.fft.fftshift(x, axes) if axes else x.clone(),
-    "ifftshift": lambda x, axes: torch.fft.ifftshift(x, axes) if axes else x.clone(),
-}
-
-
 # --- nn ---------------------------------------------------------------------------------------------
 
 def _signed(value: int) -> int:
@@ -412,7 +315,56 @@ def _layer_norm(x, *affine, normalized_shape, eps):
     return F.layer_norm(x, normalized_shape, weight, bias, eps=eps)
 
 
-NN_KERNELS = {
+# --- the table ---------------------------------------------------------------------------------------
+
+# torch under the standard's names: its own functions of other names, and array_api_compat's where torch's do not
+# take the standard's arguments (fftn's axes among them). Its argument parser takes NumPy's ``axis`` and ``keepdims``
+# for ``dim`` and ``keepdim`` (as array_api_compat relies on), so the other generic rows call torch's own unchanged.
+XP = generic.Namespace(
+    torch, bitwise_invert=torch.bitwise_not, conj=torch.conj_physical, positive=torch.clone, equal=torch.eq,
+    not_equal=torch.ne, greater=torch.gt, greater_equal=torch.ge, less=torch.lt, less_equal=torch.le,
+    moveaxis=torch.movedim, permute_dims=torch.permute, unstack=torch.unbind, fft=compat.fft,
+    linalg=generic.Namespace(torch.linalg, solve=compat.linalg.solve, cross=compat.linalg.cross),
+    **{name: getattr(compat, name) for name in ("sign", "cumulative_sum", "cumulative_prod", "sort", "argsort", "reshape")})
+
+KERNELS = {
+    **generic.kernels(XP, NATIVE),
+    # torch's values fixed where the standard's differ
+    "acos": _acos, "expm1": _expm1, "imag": _imag, "log1p": _log1p, "round": _round, "tanh": _tanh, "pow": _pow,
+    "floor_divide": _floor_divide, "remainder": _remainder,
+    # torch reads axis=() as every axis: over no axes a reduction is a copy
+    "sum": _sum_like(compat.sum), "prod": _sum_like(compat.prod),
+    "max": _reduce(compat.max), "min": _reduce(compat.min), "mean": _reduce(compat.mean),
+    "std": _std, "var": _variance,
+    "all": lambda x, axis, keepdims: compat.all(x, axis=axis, keepdims=keepdims) if axis != () else x.to(torch.bool),
+    "any": lambda x, axis, keepdims: compat.any(x, axis=axis, keepdims=keepdims) if axis != () else x.to(torch.bool),
+    "count_nonzero": lambda x, axis, keepdims: compat.count_nonzero(x, axis=axis, keepdims=keepdims).to(torch.int64)
+    if axis != () else (x != 0).to(torch.int64),
+    "vector_norm": _vector_norm,
+    # the rows torch spells another way
+    "diff": lambda x, axis, n: torch.diff(x, n=n, dim=axis) if n else x.clone(),
+    "isin": _isin,
+    "nonzero": lambda x: torch.nonzero(x, as_tuple=True),
+    "unique_values": _unique_values, "unique_counts": _unique_counts, "unique_inverse": _unique_inverse,
+    "unique_all": _unique_all,
+    "astype": lambda x, dtype, copy: x.to(NATIVE[dtype], copy=copy),
+    "broadcast_to": lambda x, shape: torch.broadcast_to(x, shape),
+    "concat": lambda *arrays, axis: torch.cat([a.reshape(-1) for a in arrays] if axis is None else arrays, dim=axis or 0),
+    "expand_dims": _expand_dims,
+    "flip": lambda x, axis: torch.flip(x, tuple(range(x.ndim)) if axis is None else axis),
+    "repeat": _repeat,
+    "roll": _roll,
+    "squeeze": lambda x, axis: torch.squeeze(x, axis) if axis else x,
+    "getitem": _getitem, "setitem": _setitem, "take": _take, "take_along_axis": _take_along_axis,
+    "scatter_add": lambda x, indices, values: x.index_add(0, indices, values),
+    "tensordot": lambda x1, x2, axes: torch.tensordot(x1, x2, dims=(list(axes[0]), list(axes[1]))),
+    "vecdot": _vecdot,
+    "eig": lambda x: tuple(torch.linalg.eig(x)), "eigvals": torch.linalg.eigvals,
+    "diagonal": lambda x, offset: torch.diagonal(x, offset, dim1=-2, dim2=-1),
+    "trace": lambda x, offset, dtype: torch.sum(torch.diagonal(x, offset, dim1=-2, dim2=-1), dim=-1, dtype=NATIVE[dtype]),
+    "fftshift": lambda x, axes: torch.fft.fftshift(x, axes) if axes else x.clone(),
+    "ifftshift": lambda x, axes: torch.fft.ifftshift(x, axes) if axes else x.clone(),
+    # nn
     "relu": torch.relu, "sigmoid": torch.sigmoid, "silu": F.silu,
     "gelu": lambda x, approximate: F.gelu(x, approximate=approximate),
     "gelu_grad": lambda g, x, approximate: torch.ops.aten.gelu_backward(g, x, approximate=approximate),
@@ -436,7 +388,8 @@ NN_KERNELS = {
         q, k, v, attn_mask=mask[0].reshape((1,) * (2 - mask[0].ndim) + tuple(mask[0].shape)) if mask else None,
         is_causal=is_causal, scale=scale),
 }
-KERNELS.update(NN_KERNELS)
+# several torch functions take tensors only: a Python scalar operand of a binary row becomes a 0-d tensor
+KERNELS.update({name: _scalars_as_tensors(KERNELS[name]) for name in generic.BINARY})
 
 
 def _creation_kernels(device: torch.device) -> dict:
