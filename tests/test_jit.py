@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import ember as em
 from ember import dtypes as dt
 from ember.backends.base import cpu_threads
-from ember.engines import local
+from ember.engines import local, plans
 from ember.ops import OPS
 
 from .conftest import torch_available
@@ -129,10 +129,10 @@ def test_a_jitted_chain_on_a_large_array_peaks_no_higher_than_eager_execution():
 @pytest.fixture
 def split_small(monkeypatch):
     """Plans split every run of in-place steps with a known shape, two elements a block, on two threads."""
-    monkeypatch.setattr(local, "SPLIT_MIN", 1)
-    monkeypatch.setattr(local, "SPLIT_WORK", 1)
-    monkeypatch.setattr(local, "SPLIT_BLOCK", 2)
-    monkeypatch.setattr(local, "SPLIT_ALIGN", 1)
+    monkeypatch.setattr(plans, "SPLIT_MIN", 1)
+    monkeypatch.setattr(plans, "SPLIT_WORK", 1)
+    monkeypatch.setattr(plans, "SPLIT_BLOCK", 2)
+    monkeypatch.setattr(plans, "SPLIT_ALIGN", 1)
     monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 2)
 
 
@@ -152,7 +152,7 @@ def splits(jitted) -> list:
     """The runs of the plans of ``jitted`` that split across threads."""
     engine = em.device("numpy").engine
     return [item for graph, _ in jitted.graphs.values() for item in engine._plans[graph]._program
-            if type(item) is local.Split]
+            if type(item) is plans.Split]
 
 
 def test_a_long_run_on_a_large_array_splits_across_threads_and_gives_eager_values_exactly(monkeypatch):
@@ -236,7 +236,7 @@ def test_a_call_writes_its_result_over_the_last_calls_result_where_nothing_else_
 
     (graph, _), = jitted.graphs.values()
     (refilled,) = [item for item in x.device.engine._plans[graph]._refills[1] if type(item) is not list or item]
-    assert type(refilled) is (local.Split if x.device.engine.backend.threads > 1 else list)  # all four steps in place
+    assert type(refilled) is (plans.Split if x.device.engine.backend.threads > 1 else list)  # all four steps in place
 
     monkeypatch.setattr(local, "REFILL_BYTES", 6_000_000)  # room for one 4 MB result of all plans, not two
     another = em.jit(lambda x: em.exp(x * 0.25) * 3.0 - x)
@@ -292,7 +292,7 @@ def _adding(slot: int, value: float) -> tuple:
     """A plan's step adding ``value`` to slot ``slot`` in place."""
     def fetch(values):
         return values[slot], value, values[slot]
-    return np.add, fetch, None, (), (None, fetch)
+    return plans.Step(np.add, fetch, None, (), None, fetch)
 
 
 def test_in_place_steps_over_two_shapes_in_turn_split_apart(split_small):
@@ -300,8 +300,8 @@ def test_in_place_steps_over_two_shapes_in_turn_split_apart(split_small):
     a block of one shape's arrays is never taken of the other's."""
     steps = [_adding(0, 1.0), _adding(1, 10.0), _adding(0, 2.0), _adding(1, 20.0)]
     spans = {0: ((6,), {0}), 1: ((4,), {1}), 2: ((6,), {0}), 3: ((4,), {1})}
-    program = local._program(steps, spans, 2)
-    assert [type(item) for item in program] == [local.Split] * 4 and [item.size for item in program] == [6, 4, 6, 4]
+    program = plans.fuse(steps, spans, 2)
+    assert [type(item) for item in program] == [plans.Split] * 4 and [item.size for item in program] == [6, 4, 6, 4]
     values = [np.zeros(6), np.zeros(4)]
     for split in program:
         assert split.run(values) is None
@@ -344,7 +344,7 @@ def test_every_thread_of_a_split_run_works_under_the_callers_errstate(split_smal
         np.divide(x, 0.0, out=out)
 
     values = [np.ones(4)]
-    split = local.Split([(kernel, lambda values: (values[0], values[0]))], [0], 4, 2)
+    split = plans.Split([(kernel, lambda values: (values[0], values[0]))], [0], 4, 2)
     with np.errstate(divide="ignore"):
         assert split.run(values) is None
     assert len(seen) == 2 and set(seen.values()) == {"ignore"}
@@ -366,7 +366,7 @@ def test_a_forked_child_splits_with_threads_of_its_own(monkeypatch):
     monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 2)
     x = em.asarray(np.random.default_rng(0).random(1_000_000, dtype=np.float32))
     em.jit(lambda x: chain(x, 100))(x)
-    assert local._POOL  # the parent's pool is made
+    assert plans._POOL  # the parent's pool is made
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_split_in_child, args=(queue,))
@@ -393,7 +393,7 @@ def test_a_step_failing_in_a_helper_thread_is_the_runs_failure(split_small):
 
     def fetch(values):
         return values[0], values[0]
-    split = local.Split([(kernel, fetch)], [0], 4, 2)
+    split = plans.Split([(kernel, fetch)], [0], 4, 2)
     failed_kernel, failed_fetch, error = split.run([np.ones(4)])
     assert (failed_kernel, failed_fetch, str(error)) == (kernel, fetch, "in the helper's block")
 
@@ -498,7 +498,7 @@ def test_short_in_place_runs_over_two_shapes_in_a_row_run_as_one_loop():
     too short to split, they are one loop again, in their order."""
     steps = [_adding(0, 1.0), _adding(1, 10.0), _adding(0, 2.0)]
     spans = {0: ((6,), {0}), 1: ((4,), {1}), 2: ((6,), {0})}
-    (loop,) = local._program(steps, spans, 2)
+    (loop,) = plans.fuse(steps, spans, 2)
     assert [fetch for _, fetch in loop] == [step[1] for step in steps]
     values = [np.zeros(6), np.zeros(4)]
     for kernel, fetch in loop:
@@ -511,8 +511,8 @@ def test_a_run_splits_from_exactly_split_min_elements_and_split_work_element_ops
     """The thresholds are inclusive: a run over ``SPLIT_MIN`` elements doing ``SPLIT_WORK`` element-ops splits;
     an element fewer, or a step fewer, does not."""
     monkeypatch.setattr(em.device("numpy").engine.backend, "threads", 2)
-    monkeypatch.setattr(local, "SPLIT_MIN", 8)
-    monkeypatch.setattr(local, "SPLIT_WORK", 16)
+    monkeypatch.setattr(plans, "SPLIT_MIN", 8)
+    monkeypatch.setattr(plans, "SPLIT_WORK", 16)
 
     def function(x):
         return (x * 2.0 + 1.0) - 3.0  # one fresh step, then two in place
@@ -623,7 +623,7 @@ def test_the_split_pool_grows_with_the_threads_asked(monkeypatch, split_small):
         monkeypatch.setattr(backend, "threads", threads)
         jitted = em.jit(lambda x: (x * 2.0 + 1.0) * 3.0)
         np.testing.assert_array_equal(em.asnumpy(jitted(x)), (np.arange(16.0) * 2.0 + 1.0) * 3.0)
-        assert local._POOL[0]._max_workers >= threads - 1
+        assert plans._POOL[0]._max_workers >= threads - 1
 
 
 def test_the_numpy_device_counts_the_ops_it_runs_eager_or_jitted():

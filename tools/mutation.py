@@ -54,7 +54,7 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
                   # the table's helpers (require, normalize_axis, as_shape …) are the rules' words: the rules' own tests
                   "tests/test_rule_edges.py", "tests/test_errors.py", "tests/test_dtypes.py", "tests/test_indexing.py"]),
     # the plans behind em.jit and a peer's runs of ops: slots let go, in-place steps, split runs, refilled outputs
-    "engines": (["ember/engines/local.py", "ember/remote/runs.py"],
+    "engines": (["ember/engines/local.py", "ember/engines/plans.py", "ember/remote/runs.py"],
                 ["tests/test_jit.py", "tests/test_array.py", "tests/test_session.py", "tests/test_errors.py",
                  "tests/test_budget.py"]),
     # the client's half of a peer: its engine (the op log, runs, drops, waits) and the TCP shell both ends use

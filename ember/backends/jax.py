@@ -362,7 +362,6 @@ class CompiledPlan:
                     raise
                 self.eager = True
             else:
-                self.plan.engine.ops_executed += len(self.steps)
                 return results
         return self.plan.run(inputs)
 
