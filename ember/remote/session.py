@@ -239,14 +239,12 @@ class Session:
         return None
 
     def _give(self, nbytes: int) -> None:
-        self.used -= nbytes  # _give_back and _room, inline: every drop comes here
+        self.used -= nbytes  # _give_back, inline: every drop comes here
         self.credit += nbytes
         if self.credit > 2 * CREDIT:
             self.budget.give(self.credit - CREDIT)
             self.credit = CREDIT
-        limits = self.limits
-        self.ceiling = min(limits.max_session_bytes,
-                           self.used + TENSOR_OVERHEAD * (limits.max_session_tensors - len(self.sizes)))
+        self._room()
 
     def _give_back(self, nbytes: int) -> None:
         """:meth:`_give` without setting the ceiling again: only where the ids just added raised
