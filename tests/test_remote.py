@@ -27,6 +27,7 @@ from ember.remote.memory import TENSOR_OVERHEAD
 from ember.remote.server import PEER_LIMITS
 from ember.wire import protocol as wire
 from ember.wire import tcp, websocket
+from ember.wire.runs import Run
 
 from .conftest import REMOTE_SCHEMES, too_large
 from .peers import Peer
@@ -519,8 +520,8 @@ def test_ops_logged_out_of_their_ids_order_by_threads_compute_and_let_go_right(r
     engine._ids = counter
     with engine._lock:
         engine._take_log()
-        (run,) = [m for m in engine._pending if m[0] == "ops"]
-        assert [record[2][0] for record in run[2]] == [0, 2, 1, 3] and run[6] is False
+        (run,) = [m for m in engine._pending if type(m) is Run]
+        assert [record[2][0] for record in run.records] == [0, 2, 1, 3] and run.in_order is False
     del a, b  # let go in the run: the outputs are found one by one
     np.testing.assert_array_equal(em.asnumpy(c), (host + 1) * 2 - host)
     np.testing.assert_array_equal(em.asnumpy(interleaved.pop()), host * 3)
@@ -532,8 +533,8 @@ def test_ops_logged_out_of_their_ids_order_by_threads_compute_and_let_go_right(r
     e = d + interleaved[0]
     with engine._lock:
         engine._take_log()
-        runs = [m for m in engine._pending if m[0] == "ops"]
-        assert [run[1] for run in runs] == [d._handle.id + 1, d._handle.id]
+        runs = [m for m in engine._pending if type(m) is Run]
+        assert [run.base for run in runs] == [d._handle.id + 1, d._handle.id]
     np.testing.assert_array_equal(em.asnumpy(e), host - 1 + host * 5)
 
     engine._ids = Ids(1, lambda: next(counter))  # an id another thread took for an upload (kept in interleaved)
@@ -542,9 +543,9 @@ def test_ops_logged_out_of_their_ids_order_by_threads_compute_and_let_go_right(r
     engine._ids = counter
     with engine._lock:
         engine._take_log()
-        (run,) = [m for m in engine._pending if m[0] == "ops"]
-        assert engine._let_go(run, [interleaved[-1], f._handle.id]) == [interleaved[-1]] and run[4] == [0]
-        run[4].clear()
+        (run,) = [m for m in engine._pending if type(m) is Run]
+        assert run.release([interleaved[-1], f._handle.id]) == [interleaved[-1]] and run.let_go == [0]
+        run.let_go.clear()
     np.testing.assert_array_equal(em.asnumpy(g), (host + 1) * 2)
 
 

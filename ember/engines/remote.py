@@ -4,7 +4,7 @@ Ops are fire-and-forget: the client allocates tensor ids, knows every output's s
 from the meta rules, and appends the op to a batch. A batch is sent when it is large or old
 enough, or when something must wait — a read, a sync, a data-dependent shape — so a chain of N
 ops and one read costs one round trip. An op of one output whose meta is known (most) is only
-logged, without a lock; the log joins the batch as runs of ops (remote/runs.py) before anything
+logged, without a lock; the log joins the batch as runs of ops (wire/runs.py) before anything
 else does. Arrays the program drops are freed on the peer: an output of the batch's last run is
 listed in the run as let go, so the peer never stores it (a chain of large arrays holds on the
 peer what it holds locally); any other array in a drop message, in the next batch or, once the
@@ -33,6 +33,7 @@ from ..errors import ArgumentError, ConnectionLost, DeviceError, EmberError, Not
 from ..ops.table import Meta
 from ..wire import protocol as wire
 from ..wire.protocol import CAPABILITY_BYTES, HANDSHAKE_LIMITS, Limits
+from ..wire.runs import Run, append_ops, encode_run
 from ..wire.tcp import TimedOut, spin_wait, spin_window
 from .base import Engine
 
@@ -42,7 +43,6 @@ BATCH_BYTES = 8 << 20    # … or once its copied uploads reach this size
 INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
 DROP_IDS = 1 << 16       # dropped ids per message: very many go in frames of their own
 DROP_BYTES = 1 << 20     # once the batch's op messages have made this many bytes, drops go ahead of the next one
-BLOBS_KEPT = 8           # runs whose bytes are kept for an equal run to send again
 DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
 KEEPALIVE = 30.0         # seconds a read waits through silence, by default (EMBER_KEEPALIVE)
 QUIET_SECONDS = 0.05     # a connection silent this long is asked whether the peer ended the session …
@@ -169,8 +169,8 @@ class RemoteEngine(Engine):
         self._ids = itertools.count(1)
         self._rids = itertools.count(1)
         self._pending: list = []
-        self._run: list | None = None  # the run of ops the batch ends with, while it does (_take_log)
-        self._blobs: list = []  # (records, outputs let go, their msgpack) of the runs sent lately, newest first
+        self._run: Run | None = None  # the run of ops the batch ends with, while it does (_take_log)
+        self._blobs: list = []  # (records, outputs let go, their msgpack) of the runs sent lately (encode_run)
         self._extra = 0  # ops in the batch beyond one per message (a run holds many)
         self._log: deque = deque()  # (name, inputs, input metas, attrs, output id) of ops not yet in the batch (apply)
         self._segments: list = []
@@ -205,7 +205,7 @@ class RemoteEngine(Engine):
 
     def apply(self, op, inputs, in_metas, attrs, meta):
         """Log an op of one output whose meta is known. The log joins the batch, as runs of ops
-        (remote/runs.py, ``_take_log``), before anything else does and before the batch leaves:
+        (wire/runs.py, ``_take_log``), before anything else does and before the batch leaves:
         the hot path only appends to a deque, which is atomic, so it takes no lock."""
         for value in inputs:
             if type(value) is RemoteHandle and value.engine is not self:
@@ -226,47 +226,12 @@ class RemoteEngine(Engine):
 
     def _take_log(self) -> None:
         """Move the logged ops into the batch (the lock held), each into the run of one-output ops
-        the batch ends with, or a new one: a run's records name tensors relative to it — ``id -
-        base``, or ``-1 - position`` for a tensor made before it (its position among the run's
-        inputs) — so a loop sends the same bytes each time and the peer replays what it compiled
-        of them. Ops logged by other threads meanwhile are taken too, or wait for the next time."""
-        log, pending = self._log, self._pending
+        the batch ends with, or a new one (wire/runs.py: a loop sends the same bytes each time, and
+        the peer replays what it compiled of them)."""
         run = self._run
-        if not pending or pending[-1] is not run:
+        if not self._pending or self._pending[-1] is not run:
             run = None
-        else:
-            base, records, before = run[1], run[2], run[3]
-        taken = 0
-        popleft = log.popleft
-        while log:
-            name, inputs, in_metas, attrs, tid = popleft()
-            if run is None or tid < base:  # a run's outputs are at or past its base (threads may log out of order)
-                # base, records, inputs made before it (id -> position), outputs let go, reusable bytes, outputs in order
-                base, records, before = tid, [], {}
-                run = self._run = ["ops", base, records, before, [], True, True]
-                pending.append(run)
-                taken -= 1  # the run's message counts as its first op
-            refs = []
-            for value in inputs:  # not a zip: a zip of two tuples costs more
-                if type(value) is RemoteHandle:
-                    ref = value.id - base
-                    if ref < 0:  # made before the run: its position among the run's inputs
-                        ref = before.get(value.id)
-                        if ref is None:
-                            ref = before[value.id] = len(before)
-                        ref = -1 - ref
-                    refs.append(ref)
-                else:
-                    refs.append((value, in_metas[len(refs)].dtype.name))
-                    if not value or type(value) is complex:
-                        run[5] = False  # == cannot tell -0.0 from 0.0: this run's bytes are packed afresh (_blob)
-            if attrs:
-                run[5] = False
-            out = tid - base
-            if out != len(records):
-                run[6] = False
-            records.append((name, refs, (out,), attrs))  # a list: msgpack packs it as the tuple it stands for
-            taken += 1
+        self._run, taken = append_ops(self._log, self._pending, run, RemoteHandle)
         self._extra += taken
 
     def _refs(self, op, inputs: tuple, in_metas: tuple) -> tuple:
@@ -483,33 +448,11 @@ class RemoteEngine(Engine):
             ids = [tid for tid in ids if tid < floor]
         run = self._run
         if run is not None and self._pending and self._pending[-1] is run:
-            ids = self._let_go(run, ids)
+            ids = run.release(ids)
         for start in range(0, len(ids), DROP_IDS):
             if start:
                 self._send_pending()
             self._pending.append(("drop", tuple(ids[start:start + DROP_IDS])))
-
-    def _let_go(self, run: list, ids: list) -> list:
-        """Note each of ``ids`` that is an output of ``run`` in it (its fifth item, as relative ids);
-        return the others. A run's outputs are ids from its base up, in order, though another
-        thread's upload may take one between them."""
-        base, records, let_go = run[1], run[2], run[4]
-        others = []
-        if run[6]:  # its outputs are base … last, in order, as a run most often has
-            last = base + records[-1][2][0]
-            for tid in ids:
-                if base <= tid <= last:
-                    let_go.append(tid - base)
-                else:
-                    others.append(tid)
-            return others
-        outputs = {base + r[2][0] for r in records}
-        for tid in ids:
-            if tid in outputs:
-                let_go.append(tid - base)
-            else:
-                others.append(tid)
-        return others
 
     def flush(self) -> None:
         """Send every pending message now."""
@@ -525,28 +468,13 @@ class RemoteEngine(Engine):
         self._run = None
         ops = 0
         for i, message in enumerate(messages):
-            if message[0] == "ops":  # a run: its records and the outputs let go as msgpack bytes, the key the peer knows it by
-                _, base, records, before, let_go, reusable, _ = message
-                blob = self._blob(records, let_go) if reusable else wire.pack((records, let_go))
-                messages[i] = ("ops", base, tuple(before), blob)
-                ops += len(records)
+            if type(message) is Run:  # its records and the outputs let go as msgpack bytes, the key the peer knows it by
+                messages[i] = encode_run(message, self._blobs)
+                ops += len(message.records)
             elif message[0] == "op":
                 ops += 1
         self.counters["ops"] += ops
         self._send({"t": "batch", "m": tuple(messages)}, segments)
-
-    def _blob(self, records: list, let_go: list) -> bytes:
-        """The msgpack of a run's records and outputs let go: the bytes of an equal run sent lately
-        (a loop's, each time: comparing costs a fifth of packing, most of what sending a batch
-        costs), else packed. Only runs whose equal values pack to equal bytes come here: apply
-        marks a run with a zero or complex literal (-0.0 == 0.0) or with attributes."""
-        for entry in self._blobs:
-            if entry[0] == records and entry[1] == let_go:
-                return entry[2]
-        blob = wire.pack((records, let_go))
-        self._blobs.insert(0, (records, let_go, blob))
-        del self._blobs[BLOBS_KEPT:]
-        return blob
 
     def _send(self, header: dict, segments: list) -> None:
         if self.lost is not None:

@@ -1,11 +1,9 @@
 """Runs of ops a peer has seen before, replayed as compiled plans.
 
 A client sends each run of consecutive one-output ops as one ``("ops", base, inputs, blob)``
-message. ``blob`` is the msgpack of ``(records, let_go)``: the run's ``(name, inputs, outputs,
-attrs)`` records, whose tensor ids are relative — ``r >= 0`` is tensor ``base + r`` (the run's
-first output is ``base``), ``r < 0`` is tensor ``inputs[-1 - r]`` (an array made before the run) —
-and the outputs the client let go before it sent the run (a chain's intermediates, as Burn's
-tensor status tells a backend which tensors it may consume). The peer never stores those: each is
+message, its tensor ids relative (the format is ``ember/wire/runs.py``'s), with the outputs the
+client let go before it sent the run (a chain's intermediates, as Burn's tensor status tells a
+backend which tensors it may consume). The peer never stores those: each is
 freed after the last record that reads it, and a compiled run computes them in buffers of its own,
 written over in place. So a loop that repeats a computation sends the same blob every time, and
 the peer keys what it learnt of a run by those bytes. At a blob's second sighting the peer
@@ -19,34 +17,16 @@ plan stores nothing until every kernel has run.
 
 from __future__ import annotations
 
-from ..errors import EmberError, ProtocolError
+from ..errors import EmberError
 from ..ops.records import check_records
-from ..wire import protocol as wire
+from ..wire.runs import absolute, tensor_of
+from ..wire.runs import decode_run as records_of  # the session's name for it, until it imports decode_run
+
+__all__ = ["KEPT_RUNS", "KEPT_BLOB_BYTES", "NOT_COMPILED", "RunPlan", "absolute", "endings", "peak", "records_of"]
 
 KEPT_RUNS = 64           # blobs a session remembers (seen once, or compiled); past that it starts again
 KEPT_BLOB_BYTES = 16 << 10  # a longer blob is run op by op every time (a 64-op chain's is about 1.5 KiB)
 NOT_COMPILED = False      # what a session remembers of a run it cannot compile
-
-
-def records_of(blob) -> tuple[tuple, tuple]:
-    """The records of a run's blob and the outputs its client let go; ProtocolError unless they are
-    a list of 4-item records and a list of outputs those records make."""
-    if type(blob) is not bytes:
-        raise ProtocolError("an ops message is (base, inputs, blob): the blob must be msgpack bytes")
-    run = wire.unpack(blob)
-    if type(run) is not tuple or len(run) != 2:
-        raise ProtocolError(f"a run's blob is (records, outputs let go), got {run!r:.60}")
-    records, let_go = run
-    if type(records) is not tuple or any(type(r) is not tuple or len(r) != 4 for r in records):
-        raise ProtocolError(f"a run's records are (name, inputs, outputs, attrs), got {records!r:.60}")
-    if type(let_go) is not tuple:
-        raise ProtocolError(f"a run's outputs let go are a list of its outputs, got {let_go!r:.60}")
-    if let_go:
-        made = {o for _, _, outs, _ in records if type(outs) is tuple for o in outs if type(o) is int}
-        for ref in let_go:
-            if type(ref) is not int or ref not in made:
-                raise ProtocolError(f"a run's output let go, {ref!r:.20}, is not one of its records' outputs")
-    return records, let_go
 
 
 def endings(records: tuple, let_go: tuple) -> dict:
@@ -80,27 +60,6 @@ def peak(records: tuple, needs: list, ended: dict, metas: dict, overhead: int = 
     return most
 
 
-def _tensor(ref: int, base: int, inputs: tuple):
-    """The tensor id relative reference ``ref`` names, or None for an input beyond ``inputs``."""
-    if ref >= 0:
-        return base + ref
-    return inputs[-1 - ref] if -ref <= len(inputs) else None
-
-
-def absolute(records: tuple, base: int, inputs: tuple):
-    """Each record as an ``("op", …)`` message with the tensor ids it names (what the op path runs)."""
-    def tensor(ref):
-        if type(ref) is not int:
-            return ref  # a literal, or a malformed reference the op path refuses
-        tid = _tensor(ref, base, inputs)
-        if tid is None:
-            raise ProtocolError(f"a run's input {ref} is beyond its {len(inputs)} inputs")
-        return tid
-    for name, refs, outs, attrs in records:
-        yield ("op", name, tuple(map(tensor, refs)) if type(refs) is tuple else refs,
-               tuple(base + o if type(o) is int else o for o in outs) if type(outs) is tuple else outs, attrs)
-
-
 class RunPlan:
     """A run compiled for the metas its inputs had: ``replay`` runs it, or says it cannot."""
 
@@ -132,7 +91,7 @@ class RunPlan:
                 return NOT_COMPILED  # the op path refuses these
             for ref in refs:
                 if type(ref) is int and ref not in made and ref not in known:
-                    tid = _tensor(ref, base, inputs)
+                    tid = tensor_of(ref, base, inputs)
                     meta = session.metas.get(tid) if type(tid) is int else None
                     if meta is None:  # unknown, failed, or being fetched
                         return NOT_COMPILED
@@ -171,7 +130,7 @@ class RunPlan:
             return False
         values = []
         for ref, meta in self.inputs:
-            tid = _tensor(ref, base, inputs)
+            tid = tensor_of(ref, base, inputs)
             value = tensors.get(tid) if type(tid) is int else None
             if value is None or metas.get(tid) != meta:  # missing, failed (no meta), or another shape or dtype
                 return False
