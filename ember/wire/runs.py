@@ -16,6 +16,7 @@ from collections import deque
 
 from ..errors import ProtocolError
 from . import protocol
+from .messages import Ops
 
 BLOBS_KEPT = 8  # runs whose bytes a client keeps for an equal run to send again
 
@@ -94,21 +95,21 @@ def append_ops(log: deque, batch: list, run: Run | None, handle: type) -> tuple[
     return run, taken
 
 
-def encode_run(run: Run, recent: list) -> tuple:
+def encode_run(run: Run, recent: list) -> Ops:
     """The ``ops`` message of ``run``. Its blob is that of an equal run among ``recent`` —
     ``(records, let_go, blob)`` of the runs sent lately, newest first, at most BLOBS_KEPT — when
     there is one (a loop's, each time: comparing costs a fifth of packing), else packed and
     remembered there. Only runs whose equal values pack to equal bytes are looked up."""
     records, let_go = run.records, run.let_go
     if not run.reusable:
-        return ("ops", run.base, tuple(run.inputs), protocol.pack((records, let_go)))
+        return Ops(run.base, tuple(run.inputs), protocol.pack((records, let_go)))
     for entry in recent:
         if entry[0] == records and entry[1] == let_go:
-            return ("ops", run.base, tuple(run.inputs), entry[2])
+            return Ops(run.base, tuple(run.inputs), entry[2])
     blob = protocol.pack((records, let_go))
     recent.insert(0, (records, let_go, blob))
     del recent[BLOBS_KEPT:]
-    return ("ops", run.base, tuple(run.inputs), blob)
+    return Ops(run.base, tuple(run.inputs), blob)
 
 
 def decode_run(blob) -> tuple[tuple, tuple]:
