@@ -29,7 +29,7 @@ import ember as em
 from ember.array import Array
 from ember.errors import ArgumentError, ProtocolError
 from ember.ops.table import Meta
-from ember.remote import fetching
+from ember.remote import fetching, links
 from ember.remote.server import PEER_LIMITS
 from ember.remote.session import Host, hosted_devices
 from ember.remote.transfers import NOT_AN_EMBER_PEER, UNREACHABLE, Fetch, Transfers, TrustedPeers
@@ -493,8 +493,8 @@ def test_closing_a_session_shuts_its_fetches_connections():
 # --- row 7: kept connections expire on time and are capped in total ---------------------------------
 
 def test_kept_connections_are_closed_on_time_and_capped_in_total(monkeypatch):
-    monkeypatch.setattr(fetching, "KEPT_LINKS", 3)
-    monkeypatch.setattr(fetching, "FETCH_LINK_SECONDS", 2.0)  # the destination keeps each for 1 s
+    monkeypatch.setattr(links, "KEPT_LINKS", 3)
+    monkeypatch.setattr(links, "FETCH_LINK_SECONDS", 2.0)  # the destination keeps each for 1 s
     sources = [em.Server("numpy", "127.0.0.1:0").start() for _ in range(5)]
     try:
         with em.Server("numpy", "127.0.0.1:0", fetch_from=LOOPBACK) as dst:
@@ -503,8 +503,8 @@ def test_kept_connections_are_closed_on_time_and_capped_in_total(monkeypatch):
                 a = _fresh(src)
                 np.testing.assert_array_equal(em.asnumpy(em.asarray(np.ones(2), device=a).to_device(b)), [1.0, 1.0])
                 a.engine.close()
-            assert sum(map(len, dst.fetcher._kept.values())) <= 3  # the oldest went as the fourth and fifth came
-            assert _eventually(lambda: dst.fetcher._kept == {}, 5)  # before: kept until reused, however long
+            assert sum(map(len, dst.fetcher.links.idle.values())) <= 3  # the oldest went as the fourth and fifth came
+            assert _eventually(lambda: dst.fetcher.links.idle == {}, 5)  # before: kept until reused, however long
             assert _eventually(lambda: all(src.sources.links == 0 for src in sources), 5)  # the sources saw them close
             b.engine.close()
     finally:

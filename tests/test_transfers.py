@@ -17,7 +17,7 @@ import ember as em
 from ember.array import Array
 from ember.errors import ProtocolError
 from ember.ops.table import Meta
-from ember.remote import fetching
+from ember.remote import fetching, links
 from ember.remote.failures import Failure
 from ember.remote.memory import TENSOR_OVERHEAD as O  # noqa: N811  (bytes counted per tensor id, beside its data)
 from ember.remote.session import Host, hosted_devices
@@ -209,7 +209,7 @@ def _move(a, b, values) -> np.ndarray:
 def _kept(destination, source) -> int:
     """How many idle connections to ``source`` the in-process ``destination`` keeps."""
     host, port = source.address.rsplit(":", 1)
-    return len(destination.fetcher._kept.get(("ember", host, int(port)), []))
+    return len(destination.fetcher.links.idle.get(("ember", host, int(port)), []))
 
 
 def test_moves_from_one_source_share_one_connection_which_counts_as_no_handshake():
@@ -229,11 +229,11 @@ def test_moves_from_one_source_share_one_connection_which_counts_as_no_handshake
             assert sock.recv(12) == b"HTTP/1.1 200"
         a.engine.close()
         b.engine.close()
-    assert src.sources.links == 0 and dst.fetcher._kept == {}  # stopping closed both ends
+    assert src.sources.links == 0 and dst.fetcher.links.idle == {}  # stopping closed both ends
 
 
 def test_a_source_closes_a_quiet_fetch_link_and_the_next_move_connects_anew(monkeypatch):
-    monkeypatch.setattr(fetching, "FETCH_LINK_SECONDS", 1.0)
+    monkeypatch.setattr(links, "FETCH_LINK_SECONDS", 1.0)
     with em.Server("numpy", "127.0.0.1:0") as src, em.Server("numpy", "127.0.0.1:0", fetch_from=LOOPBACK) as dst:
         a, b = _fresh(src), _fresh(dst)
         np.testing.assert_array_equal(_move(a, b, np.ones(3)), [2.0, 2.0, 2.0])

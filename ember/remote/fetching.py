@@ -1,7 +1,7 @@
-"""The I/O of peer-to-peer transfers (:mod:`ember.remote.transfers` is their logic): a peer as
-the *source* that answers other peers' fetches (:class:`Sources`), and as the *destination* that
-performs its sessions' fetches (:class:`Fetcher`), with the threads and kept connections each
-needs. ``server.py`` hands them the connections and fetches they are for.
+"""This peer as the *destination* of transfers between peers: the I/O of the fetches its sessions
+start (:mod:`ember.remote.transfers` is their logic, :mod:`ember.remote.sources` the other end),
+on worker threads, over connections to the sources that it keeps for the next fetch
+(:mod:`ember.remote.links`). A session hands its fetches to :meth:`Fetcher.start`.
 
 A destination fetches only from the peers it trusts (``--fetch-from``): it resolves the host
 name a fetch names once, checks that address, connects to it, and says nothing the client chose
@@ -28,6 +28,7 @@ from ..wire import tcp, websocket
 from ..wire.protocol import HANDSHAKE_LIMITS
 from ..wire.tcp import TimedOut
 from ..wire.tls import client_context, wrap_client
+from .links import KeptLinks
 from .session import Host
 from .transfers import NOT_AN_EMBER_PEER, UNREACHABLE, Fetch, TrustedPeers
 
@@ -43,90 +44,11 @@ CONNECT_SECONDS = 10     # a connection to a source: its TCP, TLS and WebSocket 
 RETRY_SECONDS = 0.1      # the first wait before asking a source that has not seen the grant yet again …
 RETRY_MAX_SECONDS = 10   # … doubling each time up to this …
 TRIES = 12               # … for at most this many tries in all (and FETCH_SECONDS)
-FETCH_LINK_SECONDS = 30  # a fetch connection whose last fetch got its tensor stays open this long for the next one …
-FETCH_LINKS_KEPT = 4     # … and a peer keeps this many of them idle to each source …
-KEPT_LINKS = 64          # … and this many in all (the oldest goes first)
 LINKS_PER_SOURCE = 4     # connections to one source in use at once (more fetches from it wait for one)
 WORKERS_PER_SESSION = 16  # fetches of one session performed at once (more wait their turn, without a thread)
 WORKERS = 64             # fetches performed at once by the whole peer
 WORKER_SECONDS = 10      # a thread that performed a fetch waits this long for the next
 FILES_HEADROOM = 0.8     # no new connection for a fetch once this share of the open-file limit is used
-
-
-class Sources:
-    """This peer as the source of transfers: it answers the ``fetch`` frames of other peers, on the
-    connection that brought the first one and, once a capability was good, on the same connection
-    for the next ones (at most ``max_links`` such connections are kept)."""
-
-    def __init__(self, hosting: Host, stopping: threading.Event, max_links: int, handshake_timeout: float):
-        self.hosting, self.stopping = hosting, stopping
-        self.max_links, self.handshake_timeout = max_links, handshake_timeout
-        self.links = 0  # connections of other peers kept open for their next fetch (a thread each)
-        self._lock = threading.Lock()
-
-    def answer(self, link, init, address: str, deadline: float) -> bool:
-        """Answer another peer's fetch: to its hello (a fetch frame without a capability) this peer's
-        identity, then, waiting (within the handshake deadline: the connection has not authenticated
-        until its capability is known) for the grant, the tensor or a refusal. The connection counts
-        as a handshake all along. True when the tensor was sent."""
-        replies, grant = self._answer(init, deadline)
-        if replies[0][0]["t"] == "peer":  # the hello: the destination presents its capability once it knows who we are
-            link.send(replies)
-            frame = link.connection.receive()  # still within the handshake's deadline and limits
-            if frame.header.get("t") != "fetch":
-                return False
-            replies, grant = self._answer(frame, deadline)
-            if replies[0][0]["t"] == "peer":  # a second hello: no capability is coming
-                return False
-        try:
-            link.send(replies)
-        finally:
-            if grant is not None:
-                grant.release()
-        refusal = replies[0][0].get("reason")
-        log.info("%s: %s", address, f"transfer refused: {refusal}" if refusal else
-                 f"sent a granted tensor of {replies[0][1][0].nbytes} bytes")
-        return grant is not None  # a grant comes only with its tensor
-
-    def _answer(self, frame, deadline: float):
-        transfers = self.hosting.transfers
-        while True:
-            generation = transfers.generation
-            answer = self.hosting.answer_fetch(frame, final=time.monotonic() >= deadline or self.stopping.is_set())
-            if answer is not None:
-                return answer
-            transfers.wait(generation, deadline - time.monotonic())
-
-    def hold(self) -> bool:
-        """Whether a fetch connection that was answered with its tensor may stay open for the next
-        fetch (:meth:`let_go` when it ends): up to ``max_links``, and none while the peer stops."""
-        with self._lock:
-            if self.links >= self.max_links or self.stopping.is_set():
-                return False
-            self.links += 1
-            return True
-
-    def let_go(self) -> None:
-        with self._lock:
-            self.links -= 1
-
-    def answer_more(self, link, address: str) -> None:
-        """Answer the further fetches of a peer whose first one presented a good capability, each
-        checked as the first was, until one is refused, anything else comes, or none for
-        FETCH_LINK_SECONDS: a peer fetching again (an ``all_reduce``'s rounds, a training loop's
-        moves) pays no new connection, thread or TLS handshake."""
-        connection = link.connection
-        connection.deadline = None
-        connection.set_timeout(FETCH_LINK_SECONDS)
-        while True:
-            try:
-                frame = connection.receive()
-            except TimedOut:
-                return
-            if frame.header.get("t") != "fetch":
-                return
-            if not self.answer(link, frame, address, time.monotonic() + self.handshake_timeout):
-                return
 
 
 class _Refused(Exception):
@@ -157,24 +79,22 @@ class Fetcher:
     A fetch runs on a thread (kept idle for the next, :class:`_Workers`) once its turn comes: at
     most WORKERS_PER_SESSION of one session and WORKERS of the peer run at once, and at most
     LINKS_PER_SOURCE connections to one source are in use; the others wait, queued, without a
-    thread. A connection whose fetch got its tensor is kept for the next fetch from that source,
-    for half the source's FETCH_LINK_SECONDS (a timer closes it then), at most FETCH_LINKS_KEPT a
-    source and KEPT_LINKS in all. Fetching from a TLS peer, it trusts the CA certificates in
-    ``tls_ca`` (PEM), else the system's."""
+    thread. A connection whose fetch got its tensor is kept for the next fetch from that source
+    (:class:`~ember.remote.links.KeptLinks`, within its bounds). Fetching from a TLS peer, it
+    trusts the CA certificates in ``tls_ca`` (PEM), else the system's."""
 
     def __init__(self, hosting: Host, stopping: threading.Event, tls_ca: str | None = None, fetch_from=()):
         self.hosting, self.stopping = hosting, stopping
         self.trusted = TrustedPeers.parse(fetch_from)  # a bad entry is refused before the peer binds
         self.tls_ca = tls_ca
         self._tls = client_context(tls_ca) if tls_ca else None  # a bad file is refused before the peer binds
-        self._kept: dict[tuple, list] = {}  # (scheme, address, port) -> idle connections to it: (connection, since, peer)
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)  # a connection to a source went back, or a fetch was cancelled
         self._waiting: deque[Fetch] = deque()  # fetches not started yet, in order
         self._running: dict[Fetch, object] = {}  # fetches begun -> the connection each uses now (None: none)
         self._per_session: Counter[str] = Counter()  # running fetches by session id
         self._in_use: Counter[tuple] = Counter()     # connections in use by source
-        self._sweeper: threading.Timer | None = None  # closes kept connections past their time
+        self.links = KeptLinks(stopping)  # idle connections to sources, kept for the next fetch (links.py)
         self._workers = _Workers()
 
     def trust(self, fetch_from) -> None:
@@ -200,19 +120,14 @@ class Fetcher:
         """End the idle threads, interrupt running fetches and close the kept connections (the peer is stopping)."""
         self._workers.stop()
         with self._lock:
-            kept, self._kept = self._kept, {}
             waiting, self._waiting = list(self._waiting), deque()
             running = list(self._running)
-            if self._sweeper is not None:
-                self._sweeper.cancel()
-                self._sweeper = None
             self._freed.notify_all()
         for job in waiting:
             job.fail("ConnectionLost", "the peer is stopping")
         for job in running:
             self._interrupt(job)
-        for connection, _, _ in (entry for entries in kept.values() for entry in entries):
-            connection.close()
+        self.links.close()
 
     # -- whose turn it is --
     def _ready(self) -> list[Fetch]:
@@ -334,7 +249,7 @@ class Fetcher:
             raise _Cancelled()
         self._take_link(job, source, deadline)
         try:
-            connection = self._kept_link(source, job.peer)
+            connection = self.links.take(source, job.peer)
             frame = None
             if connection is not None:
                 try:
@@ -362,7 +277,7 @@ class Fetcher:
             with self._lock:  # answered: a cancel from now on has no connection to shut (a kept one is not its)
                 self._running[job] = None
             if frame.header.get("t") == "tensor" and not job.cancelled:
-                self._keep_link(source, job.peer, connection)
+                self.links.keep(source, job.peer, connection)
             else:
                 connection.close()  # a refusal ends the source's side too
             return frame
@@ -448,71 +363,6 @@ class Fetcher:
         connection.send(wire.encode_frame(job.request()))
         connection.set_limits(job.reply_limits())
         return connection.receive()
-
-    # -- kept connections --
-    def _kept_link(self, source: tuple, peer: str):
-        """An idle connection to ``source`` (whose peer is ``peer``) kept from an earlier fetch, if one
-        is young enough that the source has not closed it (half its FETCH_LINK_SECONDS), else None."""
-        now = time.monotonic()
-        stale, found = [], None
-        with self._lock:
-            kept = self._kept.get(source, [])
-            for entry in reversed(kept):  # the youngest first
-                connection, since, named = entry
-                if now - since >= FETCH_LINK_SECONDS / 2:
-                    stale.append(entry)
-                elif named == peer and found is None:
-                    found = entry
-            for entry in stale + ([found] if found else []):
-                kept.remove(entry)
-            if not kept:
-                self._kept.pop(source, None)
-        for connection, _, _ in stale:
-            connection.close()
-        return found[0] if found else None
-
-    def _keep_link(self, source: tuple, peer: str, connection) -> None:
-        closing = []
-        with self._lock:
-            kept = self._kept.setdefault(source, [])
-            if len(kept) >= FETCH_LINKS_KEPT or self.stopping.is_set():
-                closing.append(connection)
-            else:
-                kept.append((connection, time.monotonic(), peer))
-                if sum(map(len, self._kept.values())) > KEPT_LINKS:  # the oldest of all goes
-                    oldest = min((entry[1], key) for key, entries in self._kept.items() for entry in entries[:1])[1]
-                    closing.append(self._kept[oldest].pop(0)[0])
-                self._sweep_later()
-            if not kept:
-                self._kept.pop(source, None)
-        for one in closing:
-            one.close()
-
-    def _sweep_later(self) -> None:
-        """Have a timer close the kept connections as their time runs out (the lock is held): one
-        timer at a time, not a thread a connection."""
-        if self._sweeper is not None or not self._kept or self.stopping.is_set():
-            return
-        oldest = min(entry[1] for entries in self._kept.values() for entry in entries)
-        delay = max(oldest + FETCH_LINK_SECONDS / 2 - time.monotonic(), 0.05)
-        self._sweeper = threading.Timer(delay, self._sweep)
-        self._sweeper.name, self._sweeper.daemon = "ember-fetch-links", True
-        self._sweeper.start()
-
-    def _sweep(self) -> None:
-        now = time.monotonic()
-        expired = []
-        with self._lock:
-            self._sweeper = None
-            for source in list(self._kept):
-                entries = self._kept[source]
-                expired += [entry[0] for entry in entries if now - entry[1] >= FETCH_LINK_SECONDS / 2]
-                entries[:] = [entry for entry in entries if now - entry[1] < FETCH_LINK_SECONDS / 2]
-                if not entries:
-                    del self._kept[source]
-            self._sweep_later()
-        for connection in expired:
-            connection.close()
 
 
 class _Failed(Exception):

@@ -34,10 +34,11 @@ from ..wire.tls import HANDSHAKE_RECORD, server_context
 from ..wire.websocket import accept as accept_websocket
 from . import http, status
 from .access import host_key
-from .fetching import Fetcher, Sources
+from .fetching import Fetcher
 from .memory import Budget, BufferPool, default_quota
 from .session import Host, hosted_devices
 from .slots import Slots
+from .sources import Sources
 from .transfers import TTL, Transfers
 
 log = logging.getLogger("ember.serve")
