@@ -1,0 +1,227 @@
+"""The ember tensor: a ``torch.Tensor`` wrapper subclass whose elements are an ember array.
+
+PyTorch sees an ordinary tensor (shape, dtype, ``requires_grad``, contiguous strides, device
+``cpu``); autograd runs above it as it does for every tensor, and each aten op that reaches the
+tensor's ``__torch_dispatch__`` is lowered onto ember (lowering.py) and runs on the array's
+device — locally, on a peer (lazily, batched), or into a capture. Nothing here reads values except
+the reads themselves (``item()``, ``.cpu()``, ``.numpy()``, ``.tolist()``, ``print``).
+
+Aliasing. A tensor's array lives in a :class:`Storage` that ``detach()``, ``.data``, ``alias``
+and ``nn.Parameter`` share, so an in-place op (which rebinds the storage's array) is seen by all
+of them, as in PyTorch. A view (``t()``, ``view``, a slice …) gets a storage of its own that
+remembers its base: an in-place op on a view whose base is still alive, or on a base with a live
+view, would not reach the other, so it raises :class:`AliasingError` instead of diverging quietly.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch._decomp import decomposition_table
+from torch.utils._pytree import tree_map
+
+import ember as em
+
+from .dtypes import to_ember, to_torch
+from .errors import AliasingError, MixedDevicesError, UnloweredOpError, user_line
+from .lowering import LOWERINGS
+
+aten = torch.ops.aten
+
+# ops whose result shares the input's storage (aliases), and those whose result is a view of it
+ALIASES = {aten.detach.default, aten.alias.default}
+VIEWS = {aten.view.default, aten.t.default, aten.transpose.int, aten.permute.default, aten.expand.default,
+         aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.slice.Tensor,
+         aten.select.int}
+HOST_SOURCES = {aten.copy.default}  # ops that take a host tensor of any size (uploaded): ``copy_`` loads state dicts
+READS = {aten._local_scalar_dense.default}  # no meta kernel: a value, not a tensor, comes back
+
+
+class Storage:
+    """The ember array one tensor and its aliases share; ``base``/``views`` link a view and its base."""
+
+    __slots__ = ("array", "base", "views", "__weakref__")
+
+    def __init__(self, array: em.Array, base: Storage | None = None):
+        self.array = array
+        self.base = weakref.ref(base) if base is not None else None
+        self.views: weakref.WeakSet = weakref.WeakSet()
+        if base is not None:
+            base.views.add(self)
+
+    def rebind(self, array: em.Array, op) -> None:
+        """Take ``array`` as the new value (an in-place op), unless a live view or base would miss it."""
+        base = self.base() if self.base is not None else None
+        if base is not None or len(self.views):
+            other = "its base" if base is not None else "a view of it"
+            raise AliasingError(f"{op}: an in-place op on a tensor while {other} is alive cannot reach it on an ember "
+                                f"device (ember arrays are values); clone() first — at {user_line()}")
+        self.array = array
+
+
+class Tensor(torch.Tensor):
+    """A PyTorch tensor whose elements are an ember array on any ember device."""
+
+    _storage: Storage
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, storage: Storage, requires_grad: bool = False):
+        array = storage.array
+        tensor = torch.Tensor._make_wrapper_subclass(cls, array.shape, dtype=to_torch(array.dtype), device="cpu",
+                                                     requires_grad=requires_grad)
+        tensor._storage = storage
+        return tensor
+
+    @property
+    def ember_array(self) -> em.Array:
+        """The ember array holding this tensor's elements."""
+        return self._storage.array
+
+    @property
+    def ember_device(self) -> em.Device:
+        """The ember device the elements live on."""
+        return self._storage.array.device
+
+    # --- reads: the points that wait for the device ----------------------------------------------
+
+    def cpu(self, memory_format=torch.preserve_format) -> torch.Tensor:
+        """The elements as a plain CPU tensor (a read: on a peer, one round trip)."""
+        return torch.from_numpy(em.asnumpy(self._storage.array).copy())
+
+    def numpy(self, *, force: bool = False):
+        """The elements as a NumPy array (a read)."""
+        return em.asnumpy(self._storage.array).copy()
+
+    def tolist(self):
+        """The elements as nested Python lists (a read)."""
+        return self.numpy().tolist()
+
+    def to(self, *args, **kwargs):
+        """``to("cpu")`` reads back to a plain tensor; a dtype alone casts on the ember device."""
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None and device.type == "cpu":
+            host = self.cpu()
+            return host if dtype is None else host.to(dtype)
+        if device is not None:
+            raise MixedDevicesError(f"ember.torch: move to {device} through the CPU (tensor.cpu().to(...)), or to "
+                                    f"another ember device with ember.torch.to_device")
+        return super().to(*args, **kwargs)
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        grad = f", grad_fn={type(self.grad_fn).__name__}" if self.grad_fn is not None else ""
+        return f"ember.torch.Tensor({self.cpu().tolist()}, dtype={self.dtype}, device={self.ember_device}{grad})"
+
+    # --- every aten op --------------------------------------------------------------------------
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name.startswith("_foreach_"):
+            return _foreach(func, args, kwargs)
+        if func in ALIASES:
+            return Tensor(args[0]._storage)
+        if name.endswith("_") and func not in LOWERINGS:
+            return _in_place(func, args, kwargs)
+        lower = LOWERINGS.get(func)
+        if lower is None:
+            decomposition = decomposition_table.get(func)
+            if decomposition is None:
+                raise UnloweredOpError(f"{func}: no lowering to ember and no decomposition in torch._decomp "
+                                       f"(ember.torch.supported_ops() lists the {len(LOWERINGS)} lowered ops) — "
+                                       f"called at {user_line()}")
+            return decomposition(*args, **kwargs)
+        out = None if func in READS else func(*tree_map(_meta, args), **tree_map(_meta, kwargs))
+        result = lower(out, *_unwrap(func, args), **dict(zip(kwargs, _unwrap(func, tuple(kwargs.values())))))
+        if func in READS:
+            return result
+        base = args[0]._storage if func in VIEWS else None
+        return _wrap(result, out, func, base)
+
+
+def _meta(x):
+    """What PyTorch's meta kernel is given for an argument: a meta tensor of the same shape and dtype."""
+    return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
+
+
+def _unwrap(func, values: tuple) -> list:
+    """The arguments a lowering takes: ember arrays for ember tensors, scalars for 0-d host tensors."""
+    def unwrap(x):
+        if isinstance(x, Tensor):
+            return x._storage.array
+        if isinstance(x, torch.Tensor):
+            if x.dim() == 0:
+                return x.item()
+            if func not in HOST_SOURCES:
+                raise MixedDevicesError(f"{func}: a host tensor of shape {tuple(x.shape)} met an ember tensor; move it "
+                                        f"with ember.torch.to_device — at {user_line()}")
+        return x
+    return [tree_map(unwrap, value) for value in values]
+
+
+def _wrap(result, out, func, base: Storage | None):
+    """Ember results as tensors, in the dtype and shape PyTorch's meta kernel gave (``out``)."""
+    if isinstance(out, (tuple, list)):
+        return type(out)(_wrap(r, o, func, base) for r, o in zip(result, out))
+    if not isinstance(out, torch.Tensor):
+        return result
+    array = result if isinstance(result, em.Array) else em.asarray(result)
+    array = em.astype(array, to_ember(out.dtype)) if array.dtype != to_ember(out.dtype) else array
+    if array.shape != tuple(out.shape):
+        raise AssertionError(f"{func}: the lowering made shape {array.shape}, PyTorch's meta kernel {tuple(out.shape)}")
+    return Tensor(Storage(array, base))
+
+
+def _in_place(func, args, kwargs):
+    """``op_(self, …)``: the functional overload's lowering, its result rebound into ``self``'s storage."""
+    functional = getattr(getattr(aten, func.overloadpacket.__name__[:-1]), func._overloadname, None)
+    if functional is None or functional not in LOWERINGS:
+        raise UnloweredOpError(f"{func}: no lowering to ember (an in-place op runs its functional form, "
+                               f"{func.overloadpacket.__name__[:-1]}, which has none) — called at {user_line()}")
+    self = args[0]
+    out = func(*tree_map(_meta, args), **tree_map(_meta, kwargs))  # PyTorch's checks: shape kept, dtype castable
+    result = Tensor.__torch_dispatch__(functional, (Tensor,), args, kwargs)
+    array = result._storage.array
+    array = em.astype(array, to_ember(out.dtype)) if array.dtype != to_ember(out.dtype) else array
+    self._storage.rebind(em.broadcast_to(array, tuple(out.shape)), func)
+    return self
+
+
+_FOREACH_OVERLOADS = {"List": ("Tensor", "default"), "Scalar": ("Scalar", "Tensor", "default"),
+                      "ScalarList": ("Scalar", "Tensor", "default"), "Tensor": ("Tensor", "default"),
+                      "default": ("default",)}
+
+
+def per_tensor(func):
+    """The per-tensor overload a ``_foreach_*`` overload applies to each element, or None."""
+    packet = getattr(aten, func.overloadpacket.__name__.removeprefix("_foreach_"), None)
+    for overload in _FOREACH_OVERLOADS.get(func._overloadname, ()):
+        if packet is not None and overload in packet.overloads():
+            return getattr(packet, overload)
+    return None
+
+
+def _foreach(func, args, kwargs):
+    """``_foreach_op(lists…)``: the per-tensor op on each element (lists indexed, the rest shared)."""
+    target = per_tensor(func)
+    if target is None:
+        raise UnloweredOpError(f"{func}: no per-tensor op to apply — called at {user_line()}")
+    given = {}  # the target's argument name → the value, matched by position in the two schemas
+    for position, (argument, name) in enumerate(zip(func._schema.arguments, target._schema.arguments)):
+        if position < len(args) or argument.name in kwargs:
+            given[name.name] = args[position] if position < len(args) else kwargs[argument.name]
+    results = [target(**{name: value[i] if isinstance(value, (list, tuple)) else value for name, value in given.items()})
+               for i in range(len(args[0]))]
+    return None if func.overloadpacket.__name__.endswith("_") else results
+
+
+def from_torch(tensor: torch.Tensor, device) -> Tensor:
+    """``tensor``'s elements on an ember device, as an ember tensor (a leaf, ``requires_grad`` kept)."""
+    device = em.device(device) if isinstance(device, str) else device
+    if isinstance(tensor, Tensor):
+        array = tensor.ember_array.to_device(device)
+    else:
+        array = em.asarray(tensor.detach().contiguous().numpy(), device=device)
+    return Tensor(Storage(array), requires_grad=tensor.requires_grad)
