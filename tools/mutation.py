@@ -70,7 +70,7 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
                ["tests/test_status.py", "tests/test_hardening.py", "tests/test_tls.py"]),
     # the rows' own rules (meta, canon, gradient, scratch), judged by the tests generated from the table
     "op-rules": ([f"ember/ops/{name}.py" for name in ("creation", "elementwise", "fft", "indexing", "linalg",
-                                                       "manipulation", "nn", "reductions")],
+                                                       "linear_algebra", "manipulation", "nn", "reductions")],
                  ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_errors.py", "tests/test_nn_reference.py",
                   "tests/test_indexing.py", "tests/test_dtypes.py", "tests/test_budget.py",  # budget: the scratch rules
                   "tests/test_rule_edges.py", "tests/test_autodiff_api.py",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import creation, elementwise, fft, indexing, linalg, manipulation, nn, reductions
+from . import creation, elementwise, fft, indexing, linalg, linear_algebra, manipulation, nn, reductions
 
 EXAMPLES: dict[str, Callable] = {}
 BAD_EXAMPLES: dict[str, Callable] = {}
@@ -28,7 +28,7 @@ BAD_EXAMPLES: dict[str, Callable] = {}
 # branch run the row once per entry, with the entry's values over the recipe's
 BRANCHES: dict[str, list[dict]] = {}
 
-for _module in (creation, elementwise, fft, indexing, linalg, manipulation, nn, reductions):
+for _module in (creation, elementwise, fft, indexing, linalg, linear_algebra, manipulation, nn, reductions):
     for _mapping, _recipes in ((EXAMPLES, _module.EXAMPLES), (BAD_EXAMPLES, _module.BAD_EXAMPLES)):
         _twice = _mapping.keys() & _recipes.keys()
         if _twice:
