@@ -1,8 +1,8 @@
 """ONNX export of captured graphs: a lowering table keyed by op row name, like a backend's kernel
 table, so each row is defined once (ember/ops/) and a row without a lowering is found generically.
-The lowerings live by family in onnx_math.py, onnx_arrays.py and onnx_nn.py, over the table, the model
-builder and the helpers of onnx_lowering.py; this module holds the rows without an ONNX form and the
-export itself.
+The lowerings live by family in onnx_math.py, onnx_reductions.py, onnx_arrays.py and onnx_nn.py,
+over the table, the model builder and the helpers of onnx_lowering.py; this module holds the rows
+without an ONNX form and the export itself.
 
 A lowering is ``lower(b, xs, ins, outs, **attrs)``: ``b`` the model builder, ``xs`` the ONNX
 names of the record's inputs, ``ins``/``outs`` the input and output metas, ``attrs`` the
@@ -25,7 +25,7 @@ from ..errors import OnnxError
 from ..ops import OPS
 from ..ops.records import LITERAL_METAS
 from ..ops.table import Meta
-from . import onnx_arrays, onnx_math, onnx_nn  # noqa: F401 — the lowering tables fill LOWERINGS
+from . import onnx_arrays, onnx_math, onnx_nn, onnx_reductions  # noqa: F401 — the lowering tables fill LOWERINGS
 from .onnx_lowering import LOWERINGS, ONNX_TYPES, Builder, NotExportable, host_arrays
 
 OPSET = 18  # ReduceX take their axes as an input from 18 on; ONNX Runtime runs it everywhere
