@@ -23,6 +23,8 @@ _LIBRARIES = tuple(os.path.dirname(module.__file__) + os.sep for module in (torc
 class UnloweredOpError(NotSupportedError):
     """An aten op reached an ember tensor and has no lowering: nothing ran, nothing fell back to the CPU."""
 
+    op = None  # the aten op without a lowering (the innermost one, where a decomposition led there)
+
 
 class AliasingError(NotSupportedError):
     """An in-place op on a tensor that shares elements with another live tensor (a view or its base)."""

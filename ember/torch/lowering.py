@@ -37,8 +37,12 @@ def _scale(x, factor):
 
 
 def arithmetic(fn):
-    """An elementwise op computed in the result's dtype: PyTorch promotes, then computes."""
-    return lambda out, *args, **kwargs: fn(*(cast(a, out.dtype) for a in args), **kwargs)
+    """An elementwise op computed in the result's dtype: PyTorch promotes, then computes (bools as uint8,
+    since PyTorch adds and multiplies them; the result is cast back to bool)."""
+    def lower(out, *args, **kwargs):
+        dtype = torch.uint8 if out.dtype is torch.bool else out.dtype
+        return fn(*(cast(a, dtype) for a in args), **kwargs)
+    return lower
 
 
 def comparison(fn):

@@ -129,16 +129,26 @@ class Tensor(torch.Tensor):
         if lower is None:
             decomposition = decomposition_table.get(func)
             if decomposition is None:
-                raise UnloweredOpError(f"{func}: no lowering to ember and no decomposition in torch._decomp "
-                                       f"(ember.torch.supported_ops() lists the {len(LOWERINGS)} lowered ops) — "
-                                       f"called at {user_line()}")
-            return decomposition(*args, **kwargs)
+                raise unlowered(func, "no lowering to ember and no decomposition in torch._decomp")
+            try:
+                return decomposition(*args, **kwargs)
+            except UnloweredOpError as inner:
+                raise unlowered(func, f"no lowering to ember, and its decomposition in torch._decomp reaches "
+                                      f"{inner.op}, which has none") from None
         out = None if func in READS else func(*tree_map(_meta, args), **tree_map(_meta, kwargs))
         result = lower(out, *_unwrap(func, args), **dict(zip(kwargs, _unwrap(func, tuple(kwargs.values())))))
         if func in READS:
             return result
         base = args[0]._storage if func in VIEWS else None
         return _wrap(result, out, func, base)
+
+
+def unlowered(func, why: str) -> UnloweredOpError:
+    """The error for an aten op ember cannot run, naming it and the user's line."""
+    error = UnloweredOpError(f"{func}: {why} (ember.torch.supported_ops() lists the ops it lowers) — called at "
+                             f"{user_line()}")
+    error.op = func
+    return error
 
 
 def _meta(x):
@@ -178,8 +188,8 @@ def _in_place(func, args, kwargs):
     """``op_(self, …)``: the functional overload's lowering, its result rebound into ``self``'s storage."""
     functional = getattr(getattr(aten, func.overloadpacket.__name__[:-1]), func._overloadname, None)
     if functional is None or functional not in LOWERINGS:
-        raise UnloweredOpError(f"{func}: no lowering to ember (an in-place op runs its functional form, "
-                               f"{func.overloadpacket.__name__[:-1]}, which has none) — called at {user_line()}")
+        raise unlowered(func, f"no lowering to ember (an in-place op runs its functional form, "
+                              f"{func.overloadpacket.__name__[:-1]}, which has none)")
     self = args[0]
     out = func(*tree_map(_meta, args), **tree_map(_meta, kwargs))  # PyTorch's checks: shape kept, dtype castable
     result = Tensor.__torch_dispatch__(functional, (Tensor,), args, kwargs)
@@ -207,7 +217,7 @@ def _foreach(func, args, kwargs):
     """``_foreach_op(lists…)``: the per-tensor op on each element (lists indexed, the rest shared)."""
     target = per_tensor(func)
     if target is None:
-        raise UnloweredOpError(f"{func}: no per-tensor op to apply — called at {user_line()}")
+        raise unlowered(func, "no per-tensor op with a lowering to apply to each element")
     given = {}  # the target's argument name → the value, matched by position in the two schemas
     for position, (argument, name) in enumerate(zip(func._schema.arguments, target._schema.arguments)):
         if position < len(args) or argument.name in kwargs:
