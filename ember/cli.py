@@ -73,7 +73,8 @@ def _serve(args) -> int:
 
     from .errors import ArgumentError, EmberError
     from .remote.access import MAKE_A_TOKEN, MIN_TOKEN_CHARACTERS, TokenFile, exposed
-    from .remote.server import PEER_LIMITS, Server, keep_freed_memory
+    from .remote.process import keep_freed_memory
+    from .remote.server import PEER_LIMITS, Server
     keep_freed_memory()  # this process is the peer's alone
     token = authorize = None
     shortest = 0 if args.insecure else MIN_TOKEN_CHARACTERS  # a short token falls to guessing, however slow

@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 
 import ember as em
 from ember.errors import ProtocolError
+from ember.remote import graphs as peer_graphs
 from ember.remote import session as peer_session
+from ember.remote.host import Host, hosted_devices
 from ember.remote.memory import (
     GRAPH_COMPILE_BYTES,
     GRAPH_NODE_BYTES,
@@ -37,7 +39,7 @@ from ember.remote.memory import (
     Budget,
 )
 from ember.remote.server import PEER_LIMITS
-from ember.remote.session import UNKEPT, Host, hosted_devices
+from ember.remote.tensors import UNKEPT
 from ember.remote.transfers import Transfers
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
@@ -171,7 +173,7 @@ def test_a_graph_past_the_op_limit_is_refused_before_it_is_built(monkeypatch):
     length alone: no record is checked, nothing compiled."""
     session = _open(_host(max_graph_ops=1000))
     checked = []
-    monkeypatch.setattr(peer_session, "check_records", lambda *args: checked.append(args) or [])
+    monkeypatch.setattr(peer_graphs, "check_records", lambda *args: checked.append(args) or [])
     _replies(session, _chain(1, 1001))
     assert not checked and session.used == GRAPH_OVERHEAD  # its entry alone, so its runs say why
     _replies(session, ("graph", 2, tuple((k, em.float64, (1,)) for k in range(1001)), (0,), (), ()),

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import ember as em
 from ember.ops import table
+from ember.remote.host import Host, hosted_devices
 from ember.remote.memory import GRAPH_COMPILE_BYTES, GRAPH_NODE_BYTES, GRAPH_OVERHEAD, TENSOR_OVERHEAD, Budget
-from ember.remote.session import Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, FrameReader, Limits
 

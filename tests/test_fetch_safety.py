@@ -30,8 +30,8 @@ from ember.array import Array
 from ember.errors import ArgumentError, ProtocolError
 from ember.ops.table import Meta
 from ember.remote import fetching, links
+from ember.remote.host import Host, hosted_devices
 from ember.remote.server import PEER_LIMITS
-from ember.remote.session import Host, hosted_devices
 from ember.remote.transfers import NOT_AN_EMBER_PEER, UNREACHABLE, Fetch, Transfers, TrustedPeers
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
@@ -554,7 +554,7 @@ def test_a_dropped_or_overwritten_fetch_keeps_its_bytes_counted_until_its_worker
 
 
 def test_fetches_of_dropped_tensors_count_against_the_cap_until_their_workers_end(monkeypatch):
-    monkeypatch.setattr("ember.remote.session.FETCHES_PER_SESSION", 3)
+    monkeypatch.setattr("ember.remote.moves.FETCHES_PER_SESSION", 3)
     host = _host()
     session = _open(host)
     _batch(session, *(_message(tid, (1,)) for tid in (1, 2, 3)))

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember.errors import ProtocolError
+from ember.remote.host import Host, hosted_devices
 from ember.remote.memory import Budget
-from ember.remote.session import Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, FrameReader, Limits
 

@@ -29,8 +29,8 @@ import ember as em
 from ember.devices import RemoteDevice
 from ember.engines.remote import connect, keepalive_window
 from ember.remote.access import BAD_TOKEN, TokenFile, single_token
+from ember.remote.host import Host, hosted_devices
 from ember.remote.memory import TENSOR_OVERHEAD, BufferPool
-from ember.remote.session import Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire import tcp, websocket
 

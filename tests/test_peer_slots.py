@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import ember as em
 from ember.devices import RemoteDevice
-from ember.remote import server as server_module
+from ember.remote import connections as connections_module
 from ember.remote.access import host_key
 from ember.remote.slots import SHARE, Pool, Reserve, Slots
 from ember.wire import protocol as wire
@@ -248,12 +248,12 @@ def test_the_newest_refused_connection_takes_the_place_of_the_oldest():
 
 # --- row 11: a client that leaves inside its first bytes gives its slot back at once ----------------
 
-@pytest.mark.skipif(not hasattr(server_module.select, "POLLRDHUP"), reason="noticing a close under unread bytes: Linux")
+@pytest.mark.skipif(not hasattr(connections_module.select, "POLLRDHUP"), reason="noticing a close under unread bytes: Linux")
 def test_a_client_that_closes_inside_its_first_four_bytes_frees_its_slot_at_once(monkeypatch):
     """Was: a client that sent 1–3 bytes and closed held its handshake slot until the deadline
     (10 s): a peek returns the bytes that are there, and says nothing of the close. Deadlines far
     off here, so only noticing the close can end these connections before the test's wait does."""
-    monkeypatch.setattr(server_module, "FIRST_BYTES_SECONDS", 120)
+    monkeypatch.setattr(connections_module, "FIRST_BYTES_SECONDS", 120)
     server = em.Server("numpy", "127.0.0.1:0", handshake_timeout=120).start()
     sockets = []
     try:
@@ -273,7 +273,7 @@ def test_a_client_that_closes_inside_its_first_four_bytes_frees_its_slot_at_once
 
 
 def test_a_client_silent_past_the_first_bytes_deadline_is_closed(monkeypatch):
-    monkeypatch.setattr(server_module, "FIRST_BYTES_SECONDS", 0.5)
+    monkeypatch.setattr(connections_module, "FIRST_BYTES_SECONDS", 0.5)
     server = em.Server("numpy", "127.0.0.1:0", handshake_timeout=120).start()
     try:
         with connect_from(server.address, timeout=30) as silent, connect_from(server.address, timeout=30) as slow:

@@ -587,7 +587,7 @@ def test_hosting_is_validated_before_binding(spec, message):
 
 
 def test_autodiff_wrappers_are_stripped_before_hosting():
-    from ember.remote.session import hosted_devices
+    from ember.remote.host import hosted_devices
     assert [str(d) for d in hosted_devices(em.autodiff("numpy"))] == ["numpy"]
     server = em.Server(em.autodiff("numpy"), "127.0.0.1:0").start()
     try:

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from ember import dtypes as dt
 from ember.errors import ProtocolError
+from ember.remote.host import Host, hosted_devices
 from ember.remote.memory import RUN_OP_BYTES, RUN_OVERHEAD, TENSOR_OVERHEAD, BufferPool
-from ember.remote.session import Host, hosted_devices
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
@@ -512,7 +512,7 @@ def test_a_backend_that_is_not_installed_cannot_be_hosted(monkeypatch):
     ("jax:cpu", ["jax:cpu"]),
 ])
 def test_a_peer_hosts_every_device_of_the_kind_it_serves(name, hosted):
-    from ember.remote.session import same_kind
+    from ember.remote.host import same_kind
     assert same_kind(name, ["torch:cpu", "torch:cuda:0", "torch:cuda:1", "torch:cuda:10", "torch:cudax", "numpy",
                             "jax:cpu", "jax:gpu:0", "jax:gpu:1"]) == hosted
 

@@ -302,8 +302,8 @@ def test_the_counts_and_the_routing_without_sockets():
     """A Host fed frames directly: what a session did is counted once, kept after it closes, and answer()
     routes and checks tokens with no socket in the way."""
     from ember.remote import status
+    from ember.remote.host import Host, hosted_devices
     from ember.remote.memory import BufferPool
-    from ember.remote.session import Host, hosted_devices
     from ember.wire import protocol as wire
     from ember.wire.protocol import Frame, Limits
 
@@ -349,7 +349,8 @@ def test_a_tls_peer_shows_its_status_over_https_only(pki):  # noqa: F811
 
 
 def test_counts_add_up_over_sessions_and_what_is_remembered_is_bounded():
-    from ember.remote.session import HISTORY, RECENT_ERRORS, Host, hosted_devices
+    from ember.remote.host import HISTORY, Host, hosted_devices
+    from ember.remote.session import RECENT_ERRORS
     from ember.wire import protocol as wire
     from ember.wire.protocol import Frame, Limits
 
@@ -380,7 +381,7 @@ def test_counts_add_up_over_sessions_and_what_is_remembered_is_bounded():
 
 
 def test_the_status_pages_access_rule_asks_each_hosted_device_as_the_handshake_does():
-    from ember.remote.session import Host, hosted_devices
+    from ember.remote.host import Host, hosted_devices
     from ember.wire.protocol import Limits
 
     asked = []
@@ -558,8 +559,8 @@ class _NamedByToken:
 def _busy_host():
     """A Host with three sessions (clients a, b, c, opened in the order b, c, a), a refused
     handshake, and more failures than the status remembers: a failed 25 times, then b, then c."""
+    from ember.remote.host import Host, hosted_devices
     from ember.remote.memory import BufferPool
-    from ember.remote.session import Host, hosted_devices
     from ember.wire.protocol import Frame, Limits
 
     host = Host(hosted_devices("numpy"), None, Limits(), authorize=_NamedByToken())
@@ -612,7 +613,7 @@ def test_the_metrics_are_those_docs_status_md_lists_with_the_status_json_values(
     from prometheus_client.parser import text_string_to_metric_families
 
     from ember.remote import status
-    from ember.remote.session import COUNTED
+    from ember.remote.host import COUNTED
 
     host, _ = _busy_host()
     state = status.snapshot(host, host.started + 400.0)
@@ -645,7 +646,7 @@ def test_the_metrics_are_those_docs_status_md_lists_with_the_status_json_values(
 
 def test_every_answer_says_what_was_wrong_and_what_to_do(monkeypatch):
     from ember.remote import status
-    from ember.remote.session import Host, hosted_devices
+    from ember.remote.host import Host, hosted_devices
     from ember.wire.protocol import Limits
 
     host = Host(hosted_devices("numpy"), TOKEN, Limits())

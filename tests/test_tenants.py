@@ -31,8 +31,8 @@ from ember.remote.access import (
     Viewer,
     address_key,
 )
+from ember.remote.host import Host, hosted_devices
 from ember.remote.memory import BufferPool
-from ember.remote.session import Host, hosted_devices
 from ember.wire import protocol as wire
 
 from .peers import Peer

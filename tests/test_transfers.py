@@ -19,8 +19,8 @@ from ember.errors import ProtocolError
 from ember.ops.table import Meta
 from ember.remote import fetching, links
 from ember.remote.failures import Failure
+from ember.remote.host import Host, hosted_devices
 from ember.remote.memory import TENSOR_OVERHEAD as O  # noqa: N811  (bytes counted per tensor id, beside its data)
-from ember.remote.session import Host, hosted_devices
 from ember.remote.transfers import LINGER, Fetch, Grant, Transfers
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
@@ -724,7 +724,7 @@ def test_a_fetch_over_a_limit_is_refused_at_its_first_use_naming_the_transfer():
 
 
 def test_a_session_runs_at_most_so_many_fetches_at_once(monkeypatch):
-    monkeypatch.setattr("ember.remote.session.FETCHES_PER_SESSION", 3)
+    monkeypatch.setattr("ember.remote.moves.FETCHES_PER_SESSION", 3)
     host = _host()
     session = _open(host)
     jobs = [_fetch_message(k, (1,), bytes([k]) * 32) for k in range(1, 6)]

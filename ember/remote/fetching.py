@@ -28,8 +28,8 @@ from ..wire import tcp, websocket
 from ..wire.protocol import HANDSHAKE_LIMITS
 from ..wire.tcp import TimedOut
 from ..wire.tls import client_context, wrap_client
+from .host import Host
 from .links import KeptLinks
-from .session import Host
 from .transfers import NOT_AN_EMBER_PEER, UNREACHABLE, Fetch, TrustedPeers
 
 try:

@@ -78,6 +78,95 @@ def default_quota(budget: Budget) -> int:
     return budget.limit // SESSION_SHARE
 
 
+class Quota:
+    """What one session may hold, counted before it is allocated: its bytes against its quota
+    (``limits.max_session_bytes``) and the peer's :class:`Budget`, which it takes in chunks of
+    :data:`CREDIT`, and its tensor ids (those in ``ids``, a live collection: the tensor table's)
+    against ``limits.max_session_tensors``. :meth:`reserve` is the one way in, for ops, puts and
+    runs alike, through one fast path (:meth:`fits`: the credit and :attr:`ceiling`, no lock)."""
+
+    __slots__ = ("limits", "budget", "ids", "used", "credit", "ceiling")
+
+    def __init__(self, limits, budget: Budget, ids):
+        self.limits, self.budget = limits, budget
+        self.ids = ids      # whose len() the cap on tensors counts
+        self.used = 0       # bytes counted against the quota
+        self.credit = 0     # bytes taken from the budget and not yet used
+        self.ceiling = 0    # how far the fast path may raise used without the other checks (see room)
+        self.room()
+
+    def fits(self, nbytes: int) -> bool:
+        """The fast path: count ``nbytes`` more if they are within the credit and the :attr:`ceiling`
+        (then every check would pass); False, counting nothing, where :meth:`reserve` must check.
+        ``nbytes`` holds TENSOR_OVERHEAD for each tensor id it is for, at least (every reservation
+        for a new id does): that lets the ceiling stand for the cap on tensors. The op path calls
+        it first and counts its new ids only when it fails."""
+        if nbytes <= self.credit and self.used + nbytes <= self.ceiling:
+            self.credit -= nbytes
+            self.used += nbytes
+            return True
+        return False
+
+    def reserve(self, nbytes: int, ids: int = 0) -> str | None:
+        """Count ``nbytes`` more, for ``ids`` tensor ids about to be added, if the quota, the cap on
+        tensors and the budget have room; else why not (the fast path first: :meth:`fits`)."""
+        if self.fits(nbytes):
+            return None
+        reason = self.refusal(nbytes, ids)
+        if reason is not None:
+            return reason
+        if nbytes > self.credit:
+            wanted = nbytes - self.credit
+            if self.budget.take(wanted + CREDIT):
+                self.credit += wanted + CREDIT
+            elif self.budget.take(wanted):
+                self.credit += wanted
+            else:
+                return (f"{nbytes} more bytes would exceed the peer's memory budget of {self.budget.limit} bytes "
+                        f"({self.budget.used} in use by all sessions)")
+        self.credit -= nbytes
+        self.used += nbytes
+        if ids:  # (more bytes alone only lower the room the ceiling leaves: it stays right)
+            self.room(ids)
+        return None
+
+    def refusal(self, nbytes: int, ids: int = 0) -> str | None:
+        """Why the quota or the cap on tensors has no room for ``nbytes`` more and ``ids`` more ids, or None."""
+        limits = self.limits
+        quota = limits.max_session_bytes
+        if self.used + nbytes > quota:
+            return f"{nbytes} more bytes would exceed this session's quota of {quota} bytes ({self.used} in use)"
+        if ids and len(self.ids) + ids > limits.max_session_tensors:
+            return (f"{ids} more tensor(s) would exceed this session's limit of {limits.max_session_tensors} tensors "
+                    f"({len(self.ids)} held, failed ones included); drop some first")
+        return None
+
+    def give(self, nbytes: int) -> None:
+        """Count ``nbytes`` no more (every drop comes here), and set the ceiling again."""
+        self.used -= nbytes
+        self.credit += nbytes
+        if self.credit > 2 * CREDIT:  # the budget gets back all but one credit
+            self.budget.give(self.credit - CREDIT)
+            self.credit = CREDIT
+        self.room()
+
+    def room(self, pending: int = 0) -> None:
+        """Set :attr:`ceiling`, what the fast path checks instead of the quota and the cap on
+        tensors: the quota, lowered so that the ids still allowed (less ``pending``, ids just
+        reserved for) fit in it at TENSOR_OVERHEAD each. Every id the fast path adds raises ``used``
+        by at least that, so it cannot pass the cap without a full check first; whatever lowers
+        ``used`` or adds ids otherwise calls this after."""
+        limits = self.limits
+        self.ceiling = min(limits.max_session_bytes,
+                           self.used + TENSOR_OVERHEAD * (limits.max_session_tensors - len(self.ids) - pending))
+
+    def close(self, held: int = 0) -> None:
+        """Give everything back to the budget but ``held`` bytes (those a worker still running gives back)."""
+        self.budget.give(self.used + self.credit - held)
+        self.used = self.credit = 0
+        self.room()
+
+
 class BufferPool:
     """Keeps the buffers of freed received tensors for the next upload of the same size (a
     caching allocator): a fresh 256 MiB buffer costs tens of milliseconds of page faults that a

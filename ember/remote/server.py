@@ -35,8 +35,8 @@ from ..wire.websocket import accept as accept_websocket
 from . import http, status
 from .access import host_key
 from .fetching import Fetcher
+from .host import Host, hosted_devices
 from .memory import Budget, BufferPool, default_quota
-from .session import Host, hosted_devices
 from .slots import Slots
 from .sources import Sources
 from .transfers import TTL, Transfers

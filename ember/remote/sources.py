@@ -16,7 +16,7 @@ import time
 
 from ..wire.tcp import TimedOut
 from . import links
-from .session import Host
+from .host import Host
 
 log = logging.getLogger("ember.serve")
 

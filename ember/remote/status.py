@@ -20,8 +20,8 @@ import math
 from collections import Counter
 
 from .access import Throttled, Viewer
+from .host import COUNTED, Host
 from .page import PAGE as _PAGE
-from .session import COUNTED, Host
 
 REFRESH_SECONDS = 2  # how often the page asks for /status.json
 MESSAGE_CHARACTERS = 300  # an error's message, as the page and the JSON show it

@@ -215,8 +215,8 @@ def measure() -> None:
     import tracemalloc
 
     import ember.dtypes as dt
+    from ember.remote.host import Host, hosted_devices
     from ember.remote.memory import Budget
-    from ember.remote.session import Host, hosted_devices
     from ember.wire.protocol import Frame, FrameReader, Limits
 
     def opened():
