@@ -12,7 +12,7 @@ figures and a reason for each survivor.
     python tools/mutation.py optim wire         # some groups
     python tools/mutation.py --checkout DIR     # another checkout (an older commit, say)
     python tools/mutation.py --modules ember/optim.py --tests tests/test_optim.py   # ad hoc
-    python tools/mutation.py session --json s.json && python tools/mutation.py --recheck s.json --only BufferPool
+    python tools/mutation.py session --json s.json && python tools/mutation.py --recheck s.json --only BufferCache
     python tools/mutation.py op-rules --names 'ember.ops.nn.x__gelu*'   # only some functions' mutants
 """
 
@@ -44,9 +44,10 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
     "wire": (["ember/wire/protocol.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
     "websocket": (["ember/wire/websocket.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_hardening.py",
                                               "tests/test_tls.py"]),
-    "session": (["ember/remote/session.py", "ember/remote/memory.py"],
-                ["tests/test_session.py", "tests/test_budget.py", "tests/test_fuzz.py", "tests/test_hardening.py",
-                 "tests/test_remote.py", "tests/test_transfers.py", "tests/test_distributed.py",  # peer to peer
+    "session": (["ember/remote/session.py", "ember/remote/memory.py", "ember/backends/buffers.py"],
+                ["tests/test_session.py", "tests/test_budget.py", "tests/test_buffers.py", "tests/test_fuzz.py",
+                 "tests/test_hardening.py", "tests/test_remote.py", "tests/test_transfers.py",
+                 "tests/test_distributed.py",  # peer to peer
                  "tests/test_status.py"]),  # the peer's counters, its access rule
     "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],
                  ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_autodiff_api.py", "tests/test_graph_files.py",
@@ -79,9 +80,10 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
 LEFT_OUT = [
     "--deselect=tests/test_train.py::test_the_example_reaches_95_percent",  # a 400-step subprocess: slow
 ]
-# the buffer pool decides by sys.getrefcount, which mutmut's trampolines raise, so its tests cannot pass under
-# mutmut: they are left out of mutmut runs and judge the pool's survivors in --recheck, on plain patched source
-TRAMPOLINE_SHY = ["tests/test_session.py::test_buffer_pool_reuses_only_unshared_buffers",
+# the buffer cache decides by sys.getrefcount, which mutmut's trampolines raise, so its tests cannot pass under
+# mutmut: they are left out of mutmut runs and judge the cache's survivors in --recheck, on plain patched source
+TRAMPOLINE_SHY = ["tests/test_buffers.py",  # every test there (a node id prefix)
+                  "tests/test_session.py::test_buffer_pool_reuses_only_unshared_buffers",
                   "tests/test_session.py::test_buffer_pool_keeps_buffers_from_its_minimum_up_to_its_capacity",
                   "tests/test_session.py::test_buffer_pool_keeps_only_views_of_one_dimensional_byte_buffers",
                   "tests/test_session.py::test_a_dropped_tensor_gives_its_buffer_back_once_nothing_shares_it",

@@ -11,14 +11,10 @@ Without I/O; thread-safe where several sessions share an object (the budget, the
 
 from __future__ import annotations
 
-import math
 import os
 import threading
-import time
 
-import numpy as np
-
-from ..backends.base import held_alone
+from ..backends.buffers import BufferCache
 
 
 def default_memory() -> int:
@@ -167,117 +163,17 @@ class Quota:
         self.room()
 
 
-class BufferPool:
-    """Keeps the buffers of freed received tensors for the next upload of the same size (a
-    caching allocator): a fresh 256 MiB buffer costs tens of milliseconds of page faults that a
-    reused one does not. A buffer is kept only when nothing else refers to it, and only while
-    the peer's budget has room: its idle buffers count against it and go first when it is short.
+class BufferPool(BufferCache):
+    """The peer's pool of receive buffers: the buffers of freed received tensors kept for the next
+    upload of the same size (a :class:`BufferCache` whose buffers come back by release): a fresh
+    256 MiB buffer costs tens of milliseconds of page faults that a reused one does not. A buffer
+    is kept only when nothing else refers to it, and only while the peer's budget has room: its
+    idle buffers count against it and go first when it is short (the budget calls :meth:`shrink`).
     One not reused for ``idle_seconds`` is let go (:meth:`expire`), and all when no session is open
     (:meth:`clear`): sizes nobody asks for again do not stay until the budget runs short."""
 
     def __init__(self, capacity: int = 1 << 30, minimum: int = 1 << 20, budget: Budget | None = None,
                  idle_seconds: float = POOL_IDLE_SECONDS):
-        self.capacity, self.minimum, self.idle_seconds = capacity, minimum, idle_seconds
-        self.free: dict[int, list] = {}
-        self.since: dict[int, list[float]] = {}  # when each buffer of free[size] was released, in the same order
-        self.total = 0
-        self.let_go = 0  # bytes expire() and clear() let go since the shell last looked (it hands the pages back)
-        self.lock = threading.Lock()  # one pool serves every session of a peer
-        self.budget = budget
+        super().__init__(capacity, minimum, budget=budget, idle_seconds=idle_seconds)
         if budget is not None:
             budget.pool = self
-
-    def allocate(self, shape: tuple, dtype) -> np.ndarray:
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.minimum:
-            return np.empty(shape, dtype)
-        with self.lock:
-            stack = self.free.get(nbytes)
-            buffer = stack.pop() if stack else None
-            if buffer is not None:
-                self.since[nbytes].pop()
-                self.total -= nbytes
-        if buffer is None:
-            buffer = np.empty(nbytes, np.uint8)
-        elif self.budget is not None:
-            self.budget.give(nbytes)  # its bytes now count where the caller counts them
-        return buffer.view(dtype).reshape(shape)
-
-    def release(self, arrays: list) -> None:
-        """Offer the buffers behind ``arrays`` (values just removed from a session, in a list that
-        holds the caller's only references to them) for reuse. A buffer is kept only when nothing
-        else refers to it or to its array: no other tensor, name or view (:func:`held_alone`)."""
-        picked = [i for i, array in enumerate(arrays) if self._buffer(array) is not None]
-        if not picked:  # most drops: small tensors, in no buffer of ours
-            return
-        roots = [arrays[i].base for i in picked]
-        alone = held_alone(arrays)
-        # each root is referenced by the list and by its array's base, and by nothing else when free
-        for i, root, root_alone in zip(picked, roots, held_alone(roots, besides=1)):
-            if not (alone[i] and root_alone) or self.total + root.nbytes > self.capacity:
-                continue
-            if self.budget is not None and not self.budget.take(root.nbytes, evict=False):
-                continue
-            with self.lock:
-                self.free.setdefault(root.nbytes, []).append(root)
-                self.since.setdefault(root.nbytes, []).append(time.monotonic())
-                self.total += root.nbytes
-
-    def _buffer(self, array) -> np.ndarray | None:
-        """The byte buffer ``array`` is a view of, where it is of the kind :meth:`allocate` makes."""
-        root = array.base if type(array) is np.ndarray else None
-        if type(root) is not np.ndarray or root.dtype != np.uint8 or root.ndim != 1 or root.nbytes < self.minimum:
-            return None
-        return root
-
-    def shrink(self, nbytes: int) -> int:
-        """Let idle buffers go until ``nbytes`` are freed or none is left; returns the bytes freed."""
-        freed = 0
-        with self.lock:
-            for size in sorted(self.free, reverse=True):
-                stack = self.free[size]
-                while stack and freed < nbytes:
-                    stack.pop()
-                    self.since[size].pop()
-                    freed += size
-                if freed >= nbytes:
-                    break
-            self._prune()
-            self.total -= freed
-        return freed
-
-    def expire(self, now: float | None = None) -> int:
-        """Let go of the buffers released more than ``idle_seconds`` before ``now`` (the monotonic
-        clock; the shell calls this every few seconds) and give their bytes back to the budget;
-        returns the bytes freed. The oldest of each size are at the bottom of its stack."""
-        cutoff = (time.monotonic() if now is None else now) - self.idle_seconds
-        freed = 0
-        with self.lock:
-            for size, times in self.since.items():
-                old = next((k for k, when in enumerate(times) if when > cutoff), len(times))
-                if old:
-                    del self.free[size][:old], times[:old]
-                    freed += old * size
-            if freed:
-                self._prune()
-                self.total -= freed
-                self.let_go += freed
-        if freed and self.budget is not None:
-            self.budget.give(freed)
-        return freed
-
-    def clear(self) -> int:
-        """Let go of every idle buffer (no session is open: no one is about to reuse one) and give
-        their bytes back to the budget; returns the bytes freed."""
-        with self.lock:
-            freed, self.total = self.total, 0
-            self.free, self.since = {}, {}
-            self.let_go += freed
-        if freed and self.budget is not None:
-            self.budget.give(freed)
-        return freed
-
-    def _prune(self) -> None:
-        """Forget the sizes that have no idle buffer left (under the lock)."""
-        self.free = {size: stack for size, stack in self.free.items() if stack}
-        self.since = {size: self.since[size] for size in self.free}

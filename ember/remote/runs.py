@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from ..errors import EmberError
 from ..ops.records import check_records
-from ..wire.runs import absolute, tensor_of
-from ..wire.runs import decode_run as records_of  # the session's name for it, until it imports decode_run
-
-__all__ = ["KEPT_RUNS", "KEPT_BLOB_BYTES", "NOT_COMPILED", "RunPlan", "absolute", "endings", "peak", "records_of"]
+from ..wire.runs import tensor_of
 
 KEPT_RUNS = 64           # blobs a session remembers (seen once, or compiled); past that it starts again
 KEPT_BLOB_BYTES = 16 << 10  # a longer blob is run op by op every time (a 64-op chain's is about 1.5 KiB)
@@ -63,22 +60,21 @@ def peak(records: tuple, needs: list, ended: dict, metas: dict, overhead: int = 
 class RunPlan:
     """A run compiled for the metas its inputs had: ``replay`` runs it, or says it cannot."""
 
-    __slots__ = ("plan", "inputs", "outputs", "kept", "metas", "sizes", "held", "need")
+    __slots__ = ("plan", "inputs", "outputs", "kept", "metas", "need")
 
-    def __init__(self, plan, inputs: list, outputs: list, kept: list, metas: list, need: int, overhead: int = 0):
+    def __init__(self, plan, inputs: list, outputs: list, kept: list, metas: list, need: int):
         self.plan = plan
         self.inputs = inputs    # (relative reference, the meta it had) per input of the plan, in its order
         self.outputs = outputs  # every relative output id: none may be in use
-        self.kept = kept        # those the client holds, in the plan's order, and their metas and sizes
+        self.kept = kept        # those the client holds, in the plan's order, and their metas
         self.metas = metas
-        self.sizes = [meta.nbytes + overhead for meta in metas]  # as the session counts them: with their ids' overhead
-        self.held = sum(self.sizes)
         self.need = need        # the most the op path holds at once: what a replay reserves
 
     @classmethod
-    def compile(cls, session, records: tuple, let_go: tuple, ended: dict, base: int, inputs: tuple,
+    def compile(cls, table, engine, records: tuple, let_go: tuple, ended: dict, base: int, inputs: tuple,
                 overhead: int = 0) -> RunPlan | bool:
-        """The plan of ``records`` as the session's tensors stand (run once already), or NOT_COMPILED
+        """The plan of ``records`` as the tensors of ``table`` (a session's
+        :class:`~ember.remote.tensors.TensorTable`) stand, run once already by ``engine``, or NOT_COMPILED
         where a record is one the plan does not take: several outputs, a data-dependent size,
         kernel scratch, an output over the tensor limit, an input that failed. The outputs
         ``let_go`` are the plan's own: freed after their last use (``ended``, what :func:`endings`
@@ -92,7 +88,7 @@ class RunPlan:
             for ref in refs:
                 if type(ref) is int and ref not in made and ref not in known:
                     tid = tensor_of(ref, base, inputs)
-                    meta = session.metas.get(tid) if type(tid) is int else None
+                    meta = table.metas.get(tid) if type(tid) is int else None
                     if meta is None:  # unknown, failed, or being fetched
                         return NOT_COMPILED
                     known[ref] = meta
@@ -102,7 +98,7 @@ class RunPlan:
             checked = check_records(records, known)
         except (EmberError, TypeError, ValueError):  # the op path says what is wrong with it
             return NOT_COMPILED
-        limit = session.limits.max_tensor_bytes
+        limit = table.quota.limits.max_tensor_bytes
         for row, _, _, _, _, out_metas in checked:
             if row.multiple or row.data_dependent or row.scratch is not None or out_metas[0].nbytes > limit:
                 return NOT_COMPILED
@@ -113,21 +109,20 @@ class RunPlan:
         kept = list(dict.fromkeys(o for o in outputs if o not in going))
         ops = [(row, refs, outs, attrs) for row, refs, outs, attrs, _, _ in checked]
         need = peak(ops, [out_metas[0].nbytes + overhead for *_, out_metas in checked], ended, known, overhead)
-        engine = session.engine
         if not engine.computes_every_dtype:  # its op path checks each op's dtypes; a plan would not
             return NOT_COMPILED
         try:
             plan = engine.compile(ops, list(input_metas), {}, kept, known, native=False)
         except EmberError:  # a row without a kernel here: the op path refuses it by name
             return NOT_COMPILED
-        return cls(plan, list(input_metas.items()), outputs, kept, [known[o] for o in kept], need, overhead)
+        return cls(plan, list(input_metas.items()), outputs, kept, [known[o] for o in kept], need)
 
-    def replay(self, session, base: int, inputs: tuple) -> bool:
-        """Run the plan on the session's tensors and keep its outputs, or leave everything as it was
-        and answer False: the caller then runs the records op by op."""
-        tensors, metas, sizes = session.tensors, session.metas, session.sizes
-        if session._sent or base < 0:
+    def replay(self, table, base: int, inputs: tuple) -> bool:
+        """Run the plan on the tensors of ``table`` and keep its outputs there, or leave everything as
+        it was and answer False: the caller then runs the records op by op."""
+        if table.sent or base < 0:
             return False
+        tensors, metas, sizes = table.tensors, table.metas, table.sizes
         values = []
         for ref, meta in self.inputs:
             tid = tensor_of(ref, base, inputs)
@@ -138,26 +133,13 @@ class RunPlan:
         for ref in self.outputs:
             if base + ref in sizes:  # in use, or being fetched: the op path writes over it
                 return False
-        need = self.need
-        inline = need <= session.credit and session.used + need <= session.ceiling
-        if inline:
-            session.credit -= need  # _reserve's common case, without its call: a replay is a small op's whole turn
-            session.used += need    # (the ceiling is the quota, and the cap on tensors: session._room)
-        elif session._reserve(need, len(self.kept)) is not None:  # no room: the op path refuses the op that does not fit
+        need, quota = self.need, table.quota
+        if quota.reserve(need, len(self.kept)) is not None:  # no room: the op path refuses the op that does not fit
             return False
         try:
             results = self.plan.run(values)
         except Exception:
-            session._give(need)
+            quota.give(need)
             return False
-        for ref, value, meta, size in zip(self.kept, results, self.metas, self.sizes):
-            tid = base + ref
-            tensors[tid] = value
-            metas[tid] = meta
-            sizes[tid] = size
-        if need > self.held:  # what the outputs let go held while the plan ran; reserved inline, the ceiling stays
-            # right (the kept ids raised used by their overhead at least, net); through _reserve, it is set again
-            (session._give_back if inline else session._give)(need - self.held)
-        session.ops += len(self.outputs)
-        session.runs_replayed += 1
+        table.keep([base + ref for ref in self.kept], results, self.metas, need)  # what the outputs let go held goes back
         return True
