@@ -1,42 +1,36 @@
 """Compute peers: ``serve`` / ``Server`` host the local devices of one backend.
 
-The I/O shell: it listens, completes TLS when it serves it, tells TCP from WebSocket clients
-on one port (and answers plain HTTP requests for the peer's status: ``http.py``, ``status.py``),
-and moves frames between sockets and the sans-I/O
-:class:`~ember.remote.session.Host` (the handshake) and :class:`~ember.remote.session.Session`
-(one per connection, its own table of tensors). It bounds what a connection may cost before it
-is authenticated (small frames, a short deadline for the first bytes and one for the whole
-handshake, slots with a share per address: ``slots.py``, and a ``PeerBusy`` answer past them),
-survives running out of files or memory (it backs off and keeps accepting), closes idle sessions,
-and keeps clients whose batch runs long informed that it is alive.
+The server shell: its configuration (validated before any socket is bound), start and stop, the
+accept loop — which survives running out of files or memory: it backs off and keeps accepting —
+and admission: each accepted connection takes a handshake slot, a share of them per address
+(``slots.py``), or past them a place among the connections refused as busy, and goes to a thread
+of its own. What happens on that thread (TLS, telling TCP, WebSocket and HTTP apart, the handshake
+with the sans-I/O :class:`~ember.remote.session.Host`, the session loop, other peers' fetches,
+keepalives, the ``PeerBusy`` answer) is ``connections.py``'s; this peer's own fetches are
+``fetching.py``'s.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import ipaddress
 import logging
-import math
 import os
-import select
 import socket
-import ssl
 import threading
 import time
 from dataclasses import replace
 
-from ..errors import ArgumentError, EmberError, ProtocolError
-from ..wire import protocol as wire
-from ..wire.protocol import HANDSHAKE_LIMITS, Limits
-from ..wire.tcp import TcpConnection, TimedOut, spin_wait, spin_window, wait_limit
-from ..wire.tls import HANDSHAKE_RECORD, server_context
-from ..wire.websocket import accept as accept_websocket
-from . import http, status
+from ..errors import ArgumentError
+from ..wire.protocol import Limits
+from ..wire.tcp import spin_window
+from ..wire.tls import server_context
 from .access import host_key
+from .connections import Connections, Heartbeat, Link, Refusal
 from .fetching import Fetcher
 from .host import Host, hosted_devices
-from .memory import Budget, BufferPool, default_quota
+from .memory import Budget, default_quota
+from .process import raise_file_limit, return_freed_memory
 from .slots import Slots
 from .sources import Sources
 from .transfers import TTL, Transfers
@@ -44,83 +38,14 @@ from .transfers import TTL, Transfers
 log = logging.getLogger("ember.serve")
 
 HANDSHAKE_SECONDS = 10   # TLS, the WebSocket upgrade and the init frame: all within this, from the connection
-FIRST_BYTES_SECONDS = 3  # the first four bytes (what the client speaks) within this, and within the handshake's
-REFUSAL_SECONDS = 2      # a connection refused as busy: its first bytes, TLS and first frame, all within this
 IDLE_SECONDS = 15 * 60   # a session that receives nothing for this long is closed
 MAX_SESSIONS = 64        # sessions at once (and as many connections still in their handshake: slots.py)
 ACCEPT_PAUSES = (0.01, 1.0)  # after a failed accept, the first pause; each failure after doubles it, up to the second
-LOG_EVERY = 10           # seconds: a trouble that repeats (busy refusals, lost connections) is logged at most this often
-#: what a process runs out of: accept() (or a connection's receive) fails until files or memory come back
-SCARCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 SAMPLE_SECONDS = 2       # how often the throughput the status page draws is sampled
-_ALIVE = wire.encode_frame({"t": "alive"})
-_TLS_REQUIRED = "this peer requires TLS: connect with embers:// (TCP) or wss:// (WebSocket)"
 
 #: what a peer accepts unless told otherwise: headers of at most 4 MiB (a batch, or a graph of tens of
 #: thousands of ops), since a header expands in memory to up to ~70 times its size (a map per byte)
 PEER_LIMITS = Limits(max_header_bytes=4 << 20)
-
-
-# glibc's malloc options (malloc.h), and the values its own dynamic thresholds stop at on 64-bit
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-KEEP_FREED_BYTES = 64 << 20  # free memory an arena keeps on top before it hands it back to the kernel
-MMAP_BYTES = 32 << 20        # allocations this large and above get their own mapping
-
-
-def keep_freed_memory() -> bool:
-    """Have this process's malloc keep freed memory for the next tensors; a peer process calls it
-    at start (``ember serve``). True where it took (glibc), False elsewhere.
-
-    Each session runs on its own thread, so glibc gives it its own arena, and an arena hands the
-    free memory on top of its heap back to the kernel (``madvise(MADV_DONTNEED)``) once it passes
-    a threshold that glibc adjusts as it goes. Whether an eager chain's freed 4 MB arrays sit
-    there depends on the order of earlier allocations: in some runs of ``ember bench remote``
-    the peer gave back and faulted in again about 23 MB per chain of 100 ops on 1M float32
-    (5,766 page faults, 1.5× the chain's time). Fixed thresholds, the largest glibc's own
-    adjustment reaches, keep up to 64 MiB an arena for reuse."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    # the mapping threshold first: setting either turns glibc's adjustment of both off
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
-
-
-def return_freed_memory() -> bool:
-    """Hand the free pages of every malloc arena back to the kernel (glibc's ``malloc_trim``): after
-    the buffer pool let idle buffers go, which :func:`keep_freed_memory` would otherwise keep in
-    the process. True where it ran (glibc), False elsewhere."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
-    trim(0)
-    return True
-
-
-def raise_file_limit() -> tuple[int, int] | None:
-    """Raise this process's soft limit of open files to its hard limit (each connection costs the
-    peer a file; a soft limit of 1,024 is common, the hard one often far higher). The soft limit
-    before and after, or None where the platform has no such limits; logged at debug level."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    # an unlimited hard limit (macOS) is not a number setrlimit takes: the kernel's own cap there is 10,240 by default
-    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 10240)
-    if soft == resource.RLIM_INFINITY or soft >= wanted:
-        log.debug("open files: the soft limit is %s already (hard limit %s)", soft, hard)
-        return soft, soft
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-    except (OSError, ValueError) as error:
-        log.debug("open files: could not raise the soft limit %d to %d: %s", soft, wanted, error)
-        return soft, soft
-    log.debug("open files: raised the soft limit from %d to %d (the hard limit)", soft, wanted)
-    return soft, wanted
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:
@@ -156,16 +81,17 @@ class Server:
       (``embers://``, ``wss://``). A non-loopback address needs TLS and a token or an
       authorizer unless ``insecure=True``.
     - Bounds: until its handshake is done a connection may send only frames of 64 KiB, must send
-      its first four bytes within FIRST_BYTES_SECONDS, and must complete its handshake — TLS,
-      WebSocket upgrade, init frame — within ``handshake_timeout`` seconds in all. At most
-      ``max_sessions`` sessions are open at once and as many connections may be in their
-      handshake, a quarter of them from one address; other peers' fetches waiting for their
-      grant have slots of their own (``ember.remote.slots``). A connection past these is answered
-      ``PeerBusy`` naming the limit, in the framing it speaks (an HTTP request gets a 503). A
-      session that receives nothing for ``idle_timeout`` seconds is closed (None or 0: never); a
-      client waiting on its own long batch is not idle: the peer is not reading then, and sends
-      it ``alive`` frames if it asked for keepalives. All sessions share ``max_memory``; one may
-      hold ``limits.max_session_bytes`` of it (unset: a quarter, ``memory.default_quota``).
+      its first four bytes within FIRST_BYTES_SECONDS (``connections.py``), and must complete its
+      handshake — TLS, WebSocket upgrade, init frame — within ``handshake_timeout`` seconds in
+      all. At most ``max_sessions`` sessions are open at once and as many connections may be in
+      their handshake, a quarter of them from one address; other peers' fetches waiting for
+      their grant have slots of their own (``ember.remote.slots``). A connection past these is
+      answered ``PeerBusy`` naming the limit, in the framing it speaks (an HTTP request gets a
+      503). A session that receives nothing for ``idle_timeout`` seconds is closed (None or 0:
+      never); a client waiting on its own long batch is not idle: the peer is not reading then,
+      and sends it ``alive`` frames if it asked for keepalives. All sessions share
+      ``max_memory``; one may hold ``limits.max_session_bytes`` of it (unset: a quarter,
+      ``memory.default_quota``).
     - Scarcity: ``start()`` raises the process's soft limit of open files to its hard limit; when
       files or memory run out all the same, accepting pauses (10 ms, doubling to 1 s) and goes on,
       logged once when it starts and once when it ends.
@@ -219,16 +145,17 @@ class Server:
                             transfers=Transfers(transfer_ttl))
         self._listener: socket.socket | None = None
         self._threads: set[threading.Thread] = set()
-        self._links: set[_Link] = set()
+        self._links: set[Link] = set()  # the connections served now (closed by stop()), under _lock
         self.slots = Slots(max_sessions)  # connections not yet past their handshake (slots.py), under _lock
-        self._busy_log = _Throttled(LOG_EVERY)  # connections refused as busy
-        self._lost_log = _Throttled(LOG_EVERY)  # connections lost to a lack of files or memory
-        self._unchecked_log = _Throttled(LOG_EVERY)  # handshakes refused unchecked: their address must wait
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._heartbeat = _Heartbeat()
+        self._heartbeat = Heartbeat()
         self.sources = Sources(self.hosting, self._stopping, max_sessions, handshake_timeout)  # others' fetches
         self.fetcher = Fetcher(self.hosting, self._stopping, tls_ca, fetch_from)  # this peer's sessions' fetches
+        self.connections = Connections(self.hosting, self.sources, self.fetcher.start, tls=self.tls, limits=limits,
+                                       idle_timeout=self.idle_timeout, handshake_timeout=handshake_timeout,
+                                       spin=self.spin, slots=self.slots, lock=self._lock, links=self._links,
+                                       heartbeat=self._heartbeat)
 
     @property
     def address(self) -> str:
@@ -356,16 +283,16 @@ class Server:
         with self._lock:
             busy = self.slots.handshakes.take(key)
             if busy is not None:
-                refusal = _Refusal(sock, key)
+                refusal = Refusal(sock, key)
                 displaced = self.slots.refusals.take(refusal)
         if busy is None:
-            target, args = self._serve_connection, (sock, who, key)
+            target, args = self.connections.serve, (sock, who, key)
         else:
-            self._busy_log.note(f"{who}: refused: {busy}")
+            self.connections.busy_log.note(f"{who}: refused: {busy}")
             if displaced is not None:  # the oldest refusal in the reserve ends now: its place is this one's
                 displaced.end()
-            target, args = self._refuse, (refusal, who, busy)
-        thread = threading.Thread(target=target, args=args, name="ember-session", daemon=True)
+            target, args = self.connections.refuse, (refusal, who, busy)
+        thread = threading.Thread(target=self._run, args=(target, *args), name="ember-session", daemon=True)
         with self._lock:
             self._threads.add(thread)
         try:
@@ -379,287 +306,14 @@ class Server:
                     self.slots.refusals.give_back(refusal)
             raise
 
-    def _refuse(self, refusal: _Refusal, address: str, reason: str) -> None:
-        """Answer a connection that came when the peer was full with ``PeerBusy`` (``reason``) in its
-        framing, within REFUSAL_SECONDS: its first frame read — an init refused as a session, a
-        fetch with ``retry`` — or its HTTP request answered with a 503; then close it."""
-        connection = None
+    def _run(self, target, *args) -> None:
+        """A connection's thread: ``target(*args)`` (``Connections.serve`` or ``refuse``, which give its
+        slot or place back), and the thread leaves the server's as it ends."""
         try:
-            deadline = time.monotonic() + min(REFUSAL_SECONDS, self.handshake_timeout)
-            connection, plain_on_tls = self._open(refusal.sock, self.hosting.pool, deadline, address, busy=reason,
-                                                  holder=refusal)
-            if connection is None:  # an HTTP request, answered
-                return
-            refusal.sock = connection.sock
-            try:
-                first = connection.receive()  # read whole, so that closing after the answer sends no reset
-            except ProtocolError as error:  # it speaks no ember (a TLS client of a plain peer): as a session would be
-                connection.send(wire.encode_frame({"t": "error", "kind": "ProtocolError", "reason": str(error)}))
-                return
-            if plain_on_tls:
-                answer = {"t": "refuse", "kind": "TLSError", "reason": _TLS_REQUIRED}
-            else:
-                answer = {"t": "refuse", "kind": "PeerBusy", "reason": reason}
-                if first.header.get("t") == "fetch":  # another peer's fetch: asked again, later
-                    answer["retry"] = True
-            connection.send(wire.encode_frame(answer))
-        except (EmberError, OSError, ValueError):  # gone, too slow, or displaced by a newer refusal
-            pass
-        except Exception:  # never let one connection take the server down
-            log.exception("%s: unexpected error refusing a connection", address)
+            target(*args)
         finally:
-            if connection is not None:
-                connection.close()
-            else:
-                refusal.sock.close()
             with self._lock:
-                self.slots.refusals.give_back(refusal)
                 self._threads.discard(threading.current_thread())
-
-    def _open(self, sock: socket.socket, pool: BufferPool, deadline: float, address: str, busy: str | None = None,
-              holder: _Refusal | None = None):
-        """The frame connection of an accepted socket, on its own thread, before ``deadline``: TLS
-        first (when served and when the client starts it), then TCP, WebSocket or a plain HTTP
-        request (answered here: the connection is then None) by the first bytes, which must come
-        within FIRST_BYTES_SECONDS. Also whether the client skipped the TLS this peer requires.
-        ``busy``: the peer is full, and an HTTP request is answered 503 with that reason;
-        ``holder``'s socket follows the connection's into TLS (so that it can be ended from outside)."""
-        try:
-            first = _peek(sock, 4, min(deadline, time.monotonic() + FIRST_BYTES_SECONDS))
-            received = b""
-            tls = self.tls is not None and first[:1] == HANDSHAKE_RECORD
-            if tls:
-                sock.settimeout(wait_limit(None, deadline))  # the whole TLS handshake, not each read
-                sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-                if holder is not None:
-                    holder.sock = sock
-                sock.do_handshake()
-                first = received = _receive_exactly(sock, 4, deadline)  # an SSLSocket cannot peek: handed on
-            if first in http.STARTS:
-                request = http.read_request(sock, received, deadline)
-                if not request.upgrade:
-                    self._answer_http(sock, request, address, deadline, plain_on_tls=self.tls is not None and not tls,
-                                      busy=busy)
-                    sock.close()
-                    return None, False
-                connection = accept_websocket(sock, HANDSHAKE_LIMITS, pool.allocate, request.raw, deadline)
-            else:
-                # sends within the handshake's time too; each receive waits until its deadline at most
-                connection = TcpConnection(sock, HANDSHAKE_LIMITS, wait_limit(None, deadline), pool.allocate, received)
-                connection.deadline = deadline
-        except BaseException:
-            sock.close()
-            raise
-        return connection, self.tls is not None and not tls
-
-    def _serve_connection(self, sock: socket.socket, address: str, key: str) -> None:
-        link = session = None
-        who = address
-        held = self.slots.handshakes  # the pool this connection holds a slot of (None once it is past them)
-        try:
-            pool = self.hosting.pool  # one pool for the peer, within its memory budget
-            deadline = time.monotonic() + self.handshake_timeout
-            connection, plain_on_tls = self._open(sock, pool, deadline, address)
-            if connection is None:  # an HTTP request, answered
-                return
-            link = _Link(connection)
-            with self._lock:
-                self._links.add(link)
-            init = connection.receive()
-            if init.header.get("t") == "fetch" and not plain_on_tls:  # another peer, fetching a granted tensor
-                with self._lock:  # it waits for its grant in a slot of the fetches', not in a client's
-                    busy = self.slots.fetches.take(key)
-                    if busy is None:
-                        held.give_back(key)
-                        held = self.slots.fetches
-                if busy is not None:  # refused with retry: the fetching peer asks again after a pause
-                    self._busy_log.note(f"{address}: refused a fetch: {busy}")
-                    link.send([({"t": "refuse", "kind": "PeerBusy", "reason": busy, "retry": True}, [])])
-                    return
-                if self.sources.answer(link, init, address, deadline) and self.sources.hold():
-                    with self._lock:  # its capability was good: the connection is no handshake now
-                        held.give_back(key)
-                        held = None
-                    try:
-                        self.sources.answer_more(link, address)
-                    finally:
-                        self.sources.let_go()
-                return
-            if plain_on_tls:  # refused after its init frame is read, so the refusal is not lost to a reset
-                replies = [({"t": "refuse", "kind": "TLSError", "reason": _TLS_REQUIRED}, [])]
-            else:
-                session, replies = self.hosting.open(init, pool, address)
-            with self._lock:  # done, before the client hears of it: it may connect again at once
-                held.give_back(key)
-                held = None
-            link.send(replies)
-            if session is None:
-                refusal = replies[0][0]
-                if "wait" in refusal:  # a flood of guesses: a line now and then, not one each
-                    self._unchecked_log.note(f"{address}: refused ({refusal['kind']}): {refusal['reason']}")
-                else:
-                    log.warning("%s: refused (%s): %s", address, refusal["kind"], refusal["reason"])
-                return
-            info = replies[0][0]
-            name = session.client  # its authorizer's name for it, else its address
-            who = name if name == address else f"{name} ({address})"
-            log.info("%s: session opened on device %s (%s)", who, init.header.get("device", 0), info["device"])
-            connection.deadline = None  # the handshake is done: the session's own limits and timeout
-            connection.set_limits(self.limits)
-            connection.reader.allocate = session.allocate  # received tensors count against its quota and the budget
-            session.runner = self.fetcher.start  # fetches from other peers run beside the session
-            connection.set_timeout(self.idle_timeout)
-            if info.get("keepalive"):
-                link.interval = info["keepalive"]
-                self._heartbeat.add(link)
-            while True:
-                try:
-                    frame = connection.receive()
-                except TimedOut:
-                    reason = f"closed after {self.idle_timeout:g} s without a frame (the peer's idle timeout)"
-                    log.info("%s: %s", who, reason)
-                    link.send([({"t": "error", "kind": "ConnectionLost", "reason": reason}, [])])
-                    return
-                if frame.header.get("t") == "close":
-                    return
-                link.busy_since = time.monotonic()
-                # no name holds the replies past the send: their segments would keep tensors' buffers from the pool
-                link.send(session.handle(frame))
-                # the client's next frame often follows within microseconds (the next batch of a loop, the next
-                # request): awake, the peer sees it at once, and the client's send need not wake a sleeping thread,
-                # which on a VM costs the sender some 15 µs a frame
-                spin_wait(connection, self.spin)
-        except ProtocolError as error:
-            log.warning("%s: closing the connection: %s", who, error)
-            self.hosting.failed(who, "ProtocolError", str(error))
-            if link is not None:
-                try:
-                    link.send([({"t": "error", "kind": "ProtocolError", "reason": str(error)}, [])])
-                except EmberError:
-                    pass
-        except ssl.SSLError as error:  # a client that refused the certificate, or spoke something else
-            log.warning("%s: closing a TLS connection: %s", who, error.reason or error)
-        except (EmberError, OSError) as error:  # the client went away, or missed its handshake deadline …
-            scarce = _scarcity(error)
-            if scarce is not None:  # … or this process ran out of memory or buffers: that is the peer's to say
-                self._lost_log.note(f"{who}: connection lost: {scarce}")
-        except Exception:  # never let one session take the server down
-            log.exception("%s: unexpected error in a session", who)
-        finally:
-            if session is not None:
-                self.hosting.close(session)
-                log.info("%s: session closed", who)
-            if link is not None:
-                self._heartbeat.remove(link)
-                link.connection.close()
-                with self._lock:
-                    self._links.discard(link)
-            else:
-                sock.close()
-            with self._lock:
-                if held is not None:
-                    held.give_back(key)
-                self._threads.discard(threading.current_thread())
-
-    def _answer_http(self, sock, request: http.HttpRequest, address: str, deadline: float, plain_on_tls: bool,
-                     busy: str | None = None) -> None:
-        """Answer a plain HTTP request: the status page, /status.json or /metrics (status.py decides);
-        a 503 with the reason when the peer is ``busy``."""
-        if plain_on_tls:
-            response = status.Response(400, "this peer serves only TLS: use https://\n")
-        elif busy is not None:
-            response = status.Response(503, busy + "\n", **{"Retry-After": "1"})
-        else:
-            response = request.refusal or status.answer(self.hosting, request.method, request.path,
-                                                        request.header("Authorization"), address, time.time())
-        log.debug("%s: HTTP %s %.100s: %d", address, request.method, request.path, response.status)
-        http.respond(sock, response, deadline, head_only=request.method == "HEAD")
-
-
-class _Link:
-    """A served connection and what its two writers share: the session's thread, which sends
-    replies, and the heartbeat, which sends ``alive`` frames while a batch runs."""
-
-    def __init__(self, connection):
-        self.connection = connection
-        self.lock = threading.Lock()
-        self.interval: float | None = None     # seconds between alive frames (None: the client asked for none)
-        self.busy_since: float | None = None   # when the running batch started (None: between batches)
-        self.last_alive = 0.0
-
-    def send(self, replies) -> None:
-        """Send reply frames ((header, segments) pairs); the batch is over, so no alive frame follows."""
-        with self.lock:
-            self.busy_since = None
-            for header, segments in replies:
-                self.connection.send(wire.encode_frame(header, segments))
-
-    def beat(self, now: float) -> None:
-        """Send an alive frame if a batch has run an interval since it began or since the last one."""
-        started = self.busy_since
-        if started is None or now - max(started, self.last_alive) < self.interval:
-            return
-        if not self.lock.acquire(blocking=False):  # the session is sending replies: no need
-            return
-        try:
-            # busy_since is cleared under the lock before the session reads again: the socket is ours;
-            # a client that does not read (its buffers full) gets no alive frame rather than a stalled heartbeat
-            if self.busy_since is not None and _writable(self.connection.sock):
-                self.connection.send(_ALIVE)
-                self.last_alive = now
-        except EmberError:
-            pass  # the session's thread finds out for itself
-        finally:
-            self.lock.release()
-
-
-class _Heartbeat:
-    """One thread for all sessions that asked for keepalives: each of their links beats every
-    half of the shortest interval."""
-
-    def __init__(self):
-        self.links: set[_Link] = set()
-        self.wake = threading.Condition()
-        self.stopped = False
-
-    def add(self, link: _Link) -> None:
-        with self.wake:
-            self.links.add(link)
-            self.wake.notify()  # its interval may be shorter than the current wait
-
-    def remove(self, link: _Link) -> None:
-        with self.wake:
-            self.links.discard(link)
-
-    def stop(self) -> None:
-        with self.wake:
-            self.stopped = True
-            self.wake.notify()
-
-    def run(self) -> None:
-        with self.wake:
-            while not self.stopped:
-                self.wake.wait(min((link.interval for link in self.links), default=60.0) / 2)
-                now = time.monotonic()
-                for link in self.links:
-                    link.beat(now)
-
-
-class _Refusal:
-    """A connection being refused as busy, in a place of the reserve (``Slots.refusals``): its
-    socket (the TLS one once TLS starts), so that a newer refusal can end it from the accept loop."""
-
-    __slots__ = ("sock", "key")
-
-    def __init__(self, sock: socket.socket, key: str):
-        self.sock, self.key = sock, key
-
-    def end(self) -> None:
-        """Wake its thread, whatever it waits in: a shutdown, not a close, so the thread closes its own file."""
-        try:
-            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # the socket's own, not TLS's (which would unwrap it)
-        except OSError:  # closed already, or between its plain and TLS socket: its deadline ends it
-            pass
 
 
 class _Outage:
@@ -688,26 +342,6 @@ class _Outage:
             self.failures, self.pause = 0, 0.0
 
 
-class _Throttled:
-    """Warnings logged at most once every ``interval`` seconds, each saying how many were left out
-    since the one before: a flood of refusals costs the log a line now and then."""
-
-    def __init__(self, interval: float):
-        self.interval = interval
-        self.last = -math.inf
-        self.left_out = 0
-        self.lock = threading.Lock()
-
-    def note(self, message: str) -> None:
-        with self.lock:
-            now = time.monotonic()
-            if now - self.last < self.interval:
-                self.left_out += 1
-                return
-            left_out, self.left_out, self.last = self.left_out, 0, now
-        log.warning("%s%s", message, f" (and {left_out} more like it since the last such line)" if left_out else "")
-
-
 def _describe(error: BaseException) -> str:
     """``error``, and what ran out where it is a lack of files (naming the limit)."""
     text = str(error)
@@ -722,78 +356,9 @@ def _describe(error: BaseException) -> str:
     return text
 
 
-def _scarcity(error: BaseException) -> OSError | None:
-    """The lack of files, memory or buffers (SCARCE) behind ``error`` — itself, or the OSError a
-    ConnectionLost was raised in place of — if that is what it is."""
-    for cause in (error, error.__cause__, error.__context__):
-        if isinstance(cause, OSError) and cause.errno in SCARCE:
-            return cause
-    return None
-
-
-def _writable(sock: socket.socket) -> bool:
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    return bool(poller.poll(0))
-
-
 def _format_address(address) -> str:
     host, port = address[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the other end shut down its side, whatever bytes are unread
-
-
-def _peek(sock: socket.socket, n: int, deadline: float) -> bytes:
-    """The first ``n`` bytes the client sent, left in the socket for whoever reads it next (fewer
-    where it closed its end first; TimedOut past ``deadline``). A request's first segment may hold
-    fewer than the four bytes that tell TLS, HTTP and ember's frames apart (a slow link, a proxy, a
-    hand at a terminal): the rest is awaited until ``deadline`` in waits that lengthen from 1 ms to
-    50 ms, since the socket stays readable meanwhile, so a client that stops there costs a few
-    milliseconds of CPU in all. A peek cannot tell that the client closed after those bytes: on
-    Linux each wait ends when it does (POLLRDHUP), elsewhere the deadline ends it."""
-    if not hasattr(select, "poll"):
-        return _peek_in_sleeps(sock, n, deadline)
-    poller = select.poll()
-    poller.register(sock, select.POLLIN | _POLLRDHUP)
-    while not poller.poll(max(1, math.ceil(wait_limit(None, deadline) * 1000))):
-        pass  # woken early (a signal): wait_limit raises TimedOut once the deadline passes
-    first = sock.recv(n, socket.MSG_PEEK)
-    if not _POLLRDHUP:
-        return first if len(first) in (0, n) else _peek_in_sleeps(sock, n, deadline)
-    poller.modify(sock, _POLLRDHUP)  # from now on only a close wakes the wait: the bytes there keep it readable
-    pause = 0.001
-    while 0 < len(first) < n:
-        ended = poller.poll(max(1, math.ceil(min(pause, wait_limit(None, deadline)) * 1000)))
-        first = sock.recv(n, socket.MSG_PEEK)
-        if ended:  # what came before the close is all there is
-            return first
-        pause = min(2 * pause, 0.05)
-    return first
-
-
-def _peek_in_sleeps(sock: socket.socket, n: int, deadline: float) -> bytes:
-    """:func:`_peek` without poll: a close is noticed at ``deadline``."""
-    sock.settimeout(wait_limit(None, deadline))
-    first = sock.recv(n, socket.MSG_PEEK)
-    pause = 0.001
-    while 0 < len(first) < n:
-        time.sleep(min(pause, wait_limit(None, deadline)))
-        pause = min(2 * pause, 0.05)
-        first = sock.recv(n, socket.MSG_PEEK)
-    return first
-
-
-def _receive_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
-    data = b""
-    while len(data) < n:
-        sock.settimeout(wait_limit(None, deadline))
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            break  # the client left: the connection's first read reports it
-        data += chunk
-    return data
 
 
 def serve(device="numpy", listen: str = "127.0.0.1:7878", **options) -> None:
