@@ -41,9 +41,10 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
                 "tests/test_verify.py", "tests/test_graph_cli.py", "tests/test_readme.py"]),
     # ONNX export and import, judged by their own tests (each row exported, run by onnxruntime, compared)
     "onnx": (["ember/graphs/onnx*.py"], ["tests/test_onnx.py", "tests/test_onnx_import.py"]),
-    "wire": (["ember/wire/protocol.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
-    "websocket": (["ember/wire/websocket.py"], ["tests/test_wire.py", "tests/test_remote.py", "tests/test_hardening.py",
-                                              "tests/test_tls.py"]),
+    "wire": (["ember/wire/protocol.py"], ["tests/test_frames.py", "tests/test_tcp.py", "tests/test_websocket.py",
+                                         "tests/test_remote.py", "tests/test_graph_files.py"]),
+    "websocket": (["ember/wire/websocket.py"], ["tests/test_websocket.py", "tests/test_tcp.py", "tests/test_remote.py",
+                                              "tests/test_hardening.py", "tests/test_tls.py"]),
     "session": (["ember/remote/session.py", "ember/remote/memory.py", "ember/backends/buffers.py"],
                 ["tests/test_session.py", "tests/test_budget.py", "tests/test_buffers.py", "tests/test_fuzz.py",
                  "tests/test_hardening.py", "tests/test_remote.py", "tests/test_transfers.py",
@@ -60,8 +61,8 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
                  "tests/test_budget.py"]),
     # the client's half of a peer: its engine (the op log, runs, drops, waits) and the TCP shell both ends use
     "client": (["ember/engines/remote.py", "ember/wire/tcp.py"],
-               ["tests/test_remote.py", "tests/test_wire.py", "tests/test_tls.py", "tests/test_transfers.py",
-                "tests/test_hardening.py", "tests/test_capture.py", "tests/test_distributed.py"]),
+               ["tests/test_remote.py", "tests/test_tcp.py", "tests/test_websocket.py", "tests/test_tls.py",
+                "tests/test_transfers.py", "tests/test_hardening.py", "tests/test_capture.py", "tests/test_distributed.py"]),
     # grants and fetches between peers without I/O (capabilities single-use, bound to a session, expiring)
     "transfers": (["ember/remote/transfers.py"], ["tests/test_transfers.py", "tests/test_session.py",
                                                  "tests/test_distributed.py"]),
