@@ -20,6 +20,7 @@ from .failures import Failure
 from .memory import GRAPH_COMPILE_BYTES, GRAPH_NODE_BYTES, GRAPH_OVERHEAD, TENSOR_OVERHEAD
 from .runs import endings, peak
 from .tensors import TensorTable, error_kind, need_of
+from .uploads import Uploads
 
 
 def check_graph_id(gid) -> None:
@@ -56,10 +57,9 @@ class Graphs:
         # as the peer's status names them: graph messages handled, runs of a registered graph (cache hits)
         self.graphs_registered = self.graph_runs = 0
 
-    def register(self, gid, inputs, outputs, ops, constants, segments: list, received: dict, reasons: dict) -> None:
+    def register(self, gid, inputs, outputs, ops, constants, segments: list, uploads: Uploads) -> None:
         """Keep graph ``gid`` (a number registered again is a new graph), or its refusal. Its constants
-        are ``segments`` of the frame, their bytes ``received`` (reserved as they arrived) or declined
-        (``reasons`` says why, by segment)."""
+        are ``segments`` of the frame, counted by ``uploads`` as they arrived (or declined)."""
         check_graph_id(gid)
         self.forget(gid)
         self.graphs_registered += 1
@@ -91,9 +91,9 @@ class Graphs:
             for tid, index in constants:
                 host = segments[index]
                 if host is None:
-                    raise ResourceLimitError(f"constant {tid}: {reasons.get(index, 'declined')}")
+                    raise ResourceLimitError(f"constant {tid}: {uploads.reason(index)}")
                 meta = Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype])
-                nbytes = received.pop(id(host), None)  # reserved as it arrived
+                nbytes = uploads.claim(host)  # reserved as it arrived
                 if nbytes is None:
                     nbytes = host.nbytes + TENSOR_OVERHEAD
                     table.take(f"constant {tid}", nbytes)

@@ -11,7 +11,6 @@ its graphs its :class:`Graphs`' (graphs.py); runs of ops seen before replay as p
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 import uuid
@@ -33,13 +32,19 @@ from .moves import Moves
 from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, NOT_COMPILED, RunPlan, endings
 from .tensors import TensorTable, check_id, check_size, error_kind, need_of
 from .transfers import Fetch, Transfers
+from .uploads import Uploads
 
 Reply = tuple  # (header, segments): one frame to send
 RECENT_ERRORS = 20  # the failures a session (and a host) remembers for the status page
 KEPT_CHARACTERS = 1000  # of a remembered failure's message (the status shows 300 characters)
-#: a session's attributes that one of its parts holds, by that part's attribute name
-HELD_BY = {**dict.fromkeys(("tensors", "metas", "sizes", "incoming", "unkept", "unreported", "granted", "ended"), "table"),
-           "used": "quota", "credit": "quota", **dict.fromkeys(("graphs", "graphs_registered", "graph_runs"), "registered")}
+#: what the status page and tests read of a session that one of its parts holds: the part (and its
+#: name for it, where it has another); ``_room`` sets the fast path's ceiling again after the limits changed
+HELD_BY = {
+    **dict.fromkeys(("tensors", "metas", "sizes", "incoming", "unkept", "unreported", "granted", "ended", "live_bytes"),
+                    "table"),
+    "used": "quota", "credit": "quota", "_room": "quota.room", "_received": "uploads.reserved",
+    **dict.fromkeys(("graphs", "graphs_registered", "graph_runs"), "registered"),
+}
 
 
 class Session:
@@ -78,27 +83,21 @@ class Session:
         self.errors: Counter[str] = Counter()  # failures this session met, by kind
         self.recent: deque[tuple] = deque(maxlen=RECENT_ERRORS)  # (time, kind, message) of the last ones
         self.watch_lock = threading.Lock()  # errors and recent change on the session's thread, are read on another
+        self.uploads = Uploads(self.quota, pool)  # its frames' tensors, counted as they arrive
+        self.allocate = self.uploads.allocate  # the frame reader's hook, once the session is open
         self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
-        self._received: dict[int, int] = {}  # id of a buffer allocate() gave -> its bytes, until a message keeps it
         self._outgoing = 0  # bytes of the segments of the reply being built (a reply is one frame)
-        self._declined: deque[str] = deque()  # why allocate() declined segments not yet handled, in order
-        self._reasons: dict[int, str] = {}    # … those of the frame being handled, by segment
 
     def __getattr__(self, name: str):
         """What the status page and tests read of the session's parts (``session.tensors`` is its
         table's, ``session.used`` its quota's: :data:`HELD_BY`); only names not found otherwise come here."""
-        part = HELD_BY.get(name)
-        if part is None:
+        held = HELD_BY.get(name)
+        if held is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(getattr(self, part), name)
+        part, _, attribute = held.partition(".")
+        return getattr(getattr(self, part), attribute or name)
 
     limits = property(lambda self: self.quota.limits, lambda self, limits: setattr(self.quota, "limits", limits))
-
-    def _room(self) -> None:  # the fast path's ceiling, set again (after the limits changed)
-        self.quota.room()
-
-    def live_bytes(self) -> int:
-        return self.table.live_bytes()
 
     def close(self) -> None:
         self.table.close()
@@ -112,18 +111,6 @@ class Session:
             self.errors[kind] += 1
             self.recent.append((time.time(), kind, message[:KEPT_CHARACTERS]))
         return Failure(kind, message)
-
-    def allocate(self, shape: tuple, dtype) -> np.ndarray | None:
-        """Where a received tensor goes (the frame reader's hook, once the session is open): a
-        buffer counted against the quota and the budget, or None to read its bytes and drop them.
-        The tensor id it becomes is counted too (TENSOR_OVERHEAD): a frame of empty tensors costs."""
-        reason = self.quota.reserve(math.prod(shape) * dtype.itemsize + TENSOR_OVERHEAD)
-        if reason is not None:  # why, for the message that meets this segment (frames come in order)
-            self._declined.append(reason)
-            return None
-        array = self.pool.allocate(shape, dtype)
-        self._received[id(array)] = array.nbytes + TENSOR_OVERHEAD
-        return array
 
     # -- the frame handler --
     def handle(self, frame: Frame) -> list[tuple[dict, list]]:
@@ -139,21 +126,13 @@ class Session:
         if self._outgoing:
             self._outgoing = 0
         if not frame.segments:  # most frames: ops, drops and reads
-            if self._reasons:
-                self._reasons = {}
             replies = self._handle(frame)
         else:
-            self._reasons = {i: self._declined.popleft() if self._declined else "declined"
-                             for i, segment in enumerate(frame.segments) if segment is None}
-            self.bytes_in += sum(s.nbytes for s in frame.segments if s is not None)
+            self.bytes_in += self.uploads.begin(frame.segments)
             try:
                 replies = self._handle(frame)
-            finally:  # received tensors no message kept (a refused frame, an unused segment) count no more
-                received = self._received
-                for segment in frame.segments:
-                    nbytes = received.pop(id(segment), 0) if segment is not None else 0
-                    if nbytes:
-                        self.quota.give(nbytes)
+            finally:
+                self.uploads.end(frame.segments)
         for _, segments in replies:  # the client waits for each reply: one round trip
             self.round_trips += 1
             for segment in segments:
@@ -296,10 +275,10 @@ class Session:
         tid, index = body
         host = frame_segments[index]
         if host is None:  # declined while it was received: the quota or the budget had no room
-            self.table.poison((tid,), "ResourceLimitError", f"put of tensor {tid}: {self._reasons.get(index, 'declined')}")
+            self.table.poison((tid,), "ResourceLimitError", f"put of tensor {tid}: {self.uploads.reason(index)}")
             return
         check_id(tid)  # before its buffer's reservation passes to the tensor
-        counted = self._received.pop(id(host), None) is not None
+        counted = self.uploads.claim(host) is not None
         handle = self.engine.upload(host)
         self.table.store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]), counted)
         if handle is not host:  # the backend copied it (to a GPU): the buffer can serve the next upload
@@ -380,7 +359,7 @@ class Session:
     def _stats(self, body, frame_segments, replies, segments) -> None:
         (rid,) = body
         # session_bytes: its tensors' (and their ids'); session_used_bytes: all its quota counts (graphs, runs, grants…)
-        stats = {"session_tensors": len(self.table.tensors), "session_bytes": self.live_bytes(),
+        stats = {"session_tensors": len(self.table.tensors), "session_bytes": self.table.live_bytes(),
                  "session_used_bytes": self.quota.used, "session_ops": self.ops,
                  "session_runs_replayed": self.runs_replayed, "session_graphs": len(self.registered.graphs)}
         if self.registry is not None:
@@ -390,7 +369,7 @@ class Session:
     # -- graphs (graphs.py): registered once, then run by number --
     def _graph(self, body, frame_segments, replies, segments) -> None:
         gid, inputs, outputs, ops, constants = body
-        self.registered.register(gid, inputs, outputs, ops, constants, frame_segments, self._received, self._reasons)
+        self.registered.register(gid, inputs, outputs, ops, constants, frame_segments, self.uploads)
 
     def _run(self, body, frame_segments, replies, segments) -> None:
         gid, input_ids, output_ids = body
