@@ -4,7 +4,7 @@ On the connection's own thread (:class:`Connections`): TLS first when the peer s
 what the client speaks, told by its first four bytes — ember's TCP frames, a WebSocket upgrade, or
 a plain HTTP request for the peer's status, answered at once (``http.py``, ``status.py``) —, then
 its first frame. An ``init`` is the handshake of a session, which the sans-I/O
-:class:`~ember.remote.session.Host` opens; frames then move between the socket and the
+:class:`~ember.remote.host.Host` opens; frames then move between the socket and the
 :class:`~ember.remote.session.Session` until the client closes or stays idle too long. A ``fetch``
 is another peer's, answered by :class:`~ember.remote.sources.Sources` on a link it may keep. A
 connection that came when the peer was full is answered ``PeerBusy`` in its own framing
@@ -50,7 +50,7 @@ class Connections:
     its own: :meth:`serve` one that holds a handshake slot, :meth:`refuse` one that found them full.
 
     What it shares with the server is passed in: ``hosting`` (the peer's
-    :class:`~ember.remote.session.Host`), ``sources`` (answering other peers' fetches), ``runner``
+    :class:`~ember.remote.host.Host`), ``sources`` (answering other peers' fetches), ``runner``
     (where a session's fetches run), the TLS context, ``limits`` and timeouts, ``spin`` (how long
     to poll for a client's next frame); the ``slots`` (``slots.py``) and the ``links`` served now
     (which the server closes as it stops), both under ``lock``; and the ``heartbeat``, whose thread

@@ -5,7 +5,7 @@ accept loop — which survives running out of files or memory: it backs off and 
 and admission: each accepted connection takes a handshake slot, a share of them per address
 (``slots.py``), or past them a place among the connections refused as busy, and goes to a thread
 of its own. What happens on that thread (TLS, telling TCP, WebSocket and HTTP apart, the handshake
-with the sans-I/O :class:`~ember.remote.session.Host`, the session loop, other peers' fetches,
+with the sans-I/O :class:`~ember.remote.host.Host`, the session loop, other peers' fetches,
 keepalives, the ``PeerBusy`` answer) is ``connections.py``'s; this peer's own fetches are
 ``fetching.py``'s.
 """
