@@ -192,7 +192,7 @@ def test_a_huge_websocket_message_is_refused_at_its_frame_header():
 
 def test_very_many_drops_go_in_frames_of_their_own(peer, monkeypatch):
     """A client frees its arrays in batches of DROP_IDS ids, so no header outgrows the peer's limit."""
-    monkeypatch.setattr("ember.engines.remote.DROP_IDS", 1000)
+    monkeypatch.setattr("ember.wire.client.DROP_IDS", 1000)
     device = device_of(peer.url())
     base = device.engine.peer_stats()["session_tensors"]
     arrays = [em.ones(1, device=device) for _ in range(2500)]

@@ -1,0 +1,326 @@
+"""The client side of a session, without I/O: the mirror of the peer's ``Session``.
+
+Ops are fire-and-forget: the client allocates tensor ids, knows every output's shape and dtype
+from the meta rules, and adds the op to a batch. A batch is sent when it is large or old enough,
+or when something must wait — a read, a sync, a data-dependent shape — so a chain of N ops and one
+read costs one round trip. An op of one output whose meta is known (most) is only logged, without
+a lock; the log joins the batch as runs of ops (wire/runs.py) before anything else does. Arrays
+the program drops are freed on the peer: an output of the batch's last run is listed in the run as
+let go, so the peer never stores it (a chain of large arrays holds on the peer what it holds
+locally); any other array in a drop message, in the next batch or, once the batch's op messages
+have made DROP_BYTES, ahead of the next one (and of one that makes as many itself). An array
+dropped before ops were logged goes ahead of them when the log joins the batch: no logged op
+reads it, and the bytes it frees count for those ops (a program that frees most of its quota and
+computes is not refused).
+
+:class:`ClientProtocol` holds all of that, as ``websockets``' ``Protocol`` does for its
+protocol: ops, uploads, requests and moves go in through its methods, the frames to write come out
+of :meth:`~ClientProtocol.data_to_send` (each a list of buffers for one scatter-gather send), and
+each frame received goes in through :meth:`~ClientProtocol.receive_frame`, which keeps the replies
+awaited, by integer request id, for :meth:`~ClientProtocol.answer`. It reads no socket, takes no
+lock and waits for nothing: the shell (``engines/remote.py``) does, and sends what it is given.
+Size limits live here, time limits in the shell.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import weakref
+from collections import deque
+
+import numpy as np
+
+from ..errors import ArgumentError, EmberError, NotSupportedError, ProtocolError, ResourceLimitError
+from . import protocol as wire
+from .messages import Drop, Error, Fetch, Forget, Grant, Graph, Op, Put, RunGraph, parse_reply
+from .protocol import Limits
+from .runs import Run, append_ops, encode_run
+
+BATCH_OPS = 64          # send a batch once it holds this many messages …
+BATCH_SECONDS = 0.002    # … or once its first message is this old …
+BATCH_BYTES = 8 << 20    # … or once its copied uploads reach this size
+INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; larger ones go at once
+DROP_IDS = 1 << 16       # dropped ids per message: very many go in frames of their own
+DROP_BYTES = 1 << 20     # once the batch's op messages have made this many bytes, drops go ahead of the next one
+KEEPALIVE = 30.0         # seconds a read waits through silence, by default (EMBER_KEEPALIVE)
+
+
+def init_frame(device: int, token: str | None, keepalive: float | None) -> list:
+    """The session's first frame: the device index asked for, the token, and the longest silence
+    the client waits through (None: it asks for no keepalives). The peer names the session."""
+    init = {"t": "init", "v": wire.VERSION, "device": device, "token": token}
+    return wire.encode_frame(init | ({"keepalive": keepalive} if keepalive else {}))
+
+
+def refusal(header: dict, device) -> EmberError:
+    """The error for the peer's answer to the init frame when it is not ``info``: the one a refusal
+    names (AccessDenied, TLSError, DeviceError, PeerBusy …), else ProtocolError."""
+    reason = header.get("reason", f"unexpected reply {header.get('t')!r}")
+    return wire.ERROR_KINDS.get(header.get("kind"), ProtocolError)(f"{device} refused the session: {reason}")
+
+
+def keepalive_window() -> float | None:
+    """EMBER_KEEPALIVE: the longest silence a read waits through, in seconds, before the peer is
+    declared lost (default 30; 0 turns keepalives off, and reads wait up to EMBER_TIMEOUT)."""
+    text = os.environ.get("EMBER_KEEPALIVE", "")
+    try:
+        window = float(text) if text.strip() else KEEPALIVE
+    except ValueError:
+        window = -1.0
+    if not 0 <= window < 1e6:
+        raise ArgumentError(f"EMBER_KEEPALIVE must be a number of seconds ≥ 0 and under 1000000 (0: no keepalives), got {text!r}")
+    return window or None
+
+
+class ClientProtocol:
+    """One session's protocol state: ids, the batch and its rules, drops, registered graphs and the
+    requests awaiting replies. ``info`` is the peer's handshake answer; ``name`` the device as
+    errors name it; inputs of type ``handle`` (with an ``id``) are tensors, others literals;
+    ``clock`` times the batch (BATCH_SECONDS)."""
+
+    def __init__(self, info: dict, name: str = "the peer", handle: type = object, clock=time.perf_counter):
+        self.info, self.name, self.handle, self.clock = info, name, handle, clock
+        self.limits = Limits.from_dict(info.get("limits", {}))
+        self.dtypes = info.get("dtypes", ())
+        self.ids = itertools.count(1)  # tensor ids: next() of a count is atomic, so taken without a lock
+        self.log: deque = deque()      # (name, inputs, input metas, attrs, output id) of ops not in the batch yet
+        self.drops: deque = deque()    # ids the program let go (a handle's __del__ appends them, without a lock)
+        self.ended: str | None = None  # why the peer ended the session, once it has
+        self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
+                         "graphs_registered": 0, "graph_runs": 0, "keepalives": 0}
+        self._rids = itertools.count(1)
+        self._gids = itertools.count(1)
+        self._graph_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> its number here
+        self._forgotten: deque = deque()  # numbers of registered graphs the program let go
+        self._batch: list = []     # its messages; a Run stands for its ops message until the batch is encoded
+        self._segments: list = []  # the batch's tensors
+        self._run: Run | None = None  # the run the batch ends with, while it does
+        self._blobs: list = []     # the runs sent lately (encode_run)
+        self._extra = 0            # ops in the batch beyond one per message (a run holds many)
+        self._first = 0.0          # when the batch's first message came
+        self._copied = 0           # bytes of the uploads copied into it
+        self._made = 0             # bytes the ops made since drops were last queued
+        self._outgoing: list = []  # frames to send, each a list of buffers
+        self._awaiting: set = set()  # request ids whose replies are kept …
+        self._answers: dict = {}     # … and those received: rid -> (reply record, the frame's segments)
+
+    # -- what goes in --
+    def started(self) -> None:
+        """The log's first op was just logged: the batch's clock starts, unless it had begun."""
+        if not self._batch:
+            self._first = self.clock()
+
+    def due(self) -> bool:
+        """Whether the batch and its log should be sent: full, or old (asked every 8 ops logged)."""
+        n = len(self._batch) + self._extra + len(self.log)  # a run's ops each count
+        return n >= BATCH_OPS or (n & 7 == 0 and self.clock() - self._first > BATCH_SECONDS)
+
+    def op(self, message: Op, made: int) -> None:
+        """Add an op message that makes ``made`` bytes, after the drops so far (no later op reads
+        them) once the batch's ops have made DROP_BYTES, or when it makes that many itself (the
+        bytes they free may be the room it needs); the batch goes once it is full or old."""
+        if self.drops and (self._made >= DROP_BYTES or made >= DROP_BYTES):
+            self._queue_drops()  # the log too
+        else:
+            self._take_log()
+        self._batch.append(message)
+        if made:
+            self._made += made
+        n = len(self._batch) + self._extra + len(self.log)
+        if n == 1:
+            self._first = self.clock()
+        elif n >= BATCH_OPS or (n & 7 == 0 and self.clock() - self._first > BATCH_SECONDS):
+            self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
+
+    def put(self, host: np.ndarray) -> int:
+        """Upload ``host``: the id of its tensor. Up to INLINE_BYTES it is copied into the batch (the
+        caller may change its array later); a larger one goes at once, from the caller's memory."""
+        if host.nbytes > self.limits.max_tensor_bytes:
+            raise ResourceLimitError(f"upload: a tensor of {host.nbytes} bytes exceeds {self.name}'s limit of "
+                                     f"{self.limits.max_tensor_bytes} bytes")
+        if host.dtype.name not in self.dtypes:
+            raise NotSupportedError(f"upload: {self.name} ({self.info.get('device')}) does not support {host.dtype}")
+        tid = next(self.ids)
+        if host.nbytes > INLINE_BYTES:
+            self.flush()  # keep order
+            self._outgoing.append(wire.encode_frame({"t": "batch", "m": (Put(tid, 0),)}, [host]))
+            return tid
+        self._take_log()
+        if not self._batch:
+            self._first = self.clock()
+        self._batch.append(Put(tid, len(self._segments)))
+        self._segments.append(np.array(host, copy=True))
+        self._copied += host.nbytes
+        if self._copied > BATCH_BYTES:
+            self.flush()
+        return tid
+
+    def run_graph(self, graph, inputs: tuple) -> list[int]:
+        """Run a captured graph on tensors ``inputs``: the ids of its outputs. Registered once per
+        session (its constants as the frame's segments), then each call sends only the graph's
+        number and tensor ids (Burn's RegisterAndExecuteGraph/ExecuteGraph)."""
+        self._take_log()
+        if not self._batch:
+            self._first = self.clock()  # the batch starts here, with a registration or the run
+        gid = self._graph_ids.get(graph)
+        if gid is None:
+            gid = next(self._gids)
+            first, constant_ids = len(self._segments), list(graph.constants)
+            self._segments.extend(graph.constants[i] for i in constant_ids)
+            self._batch.append(Graph(gid, tuple((i, m.dtype, m.shape) for _, i, m in graph.inputs),
+                                     tuple(i for _, i in graph.outputs),
+                                     tuple(op[:4] for op in graph.ops),  # records as the wire carries them
+                                     tuple((i, first + k) for k, i in enumerate(constant_ids))))
+            self._graph_ids[graph] = gid
+            weakref.finalize(graph, self._forgotten.append, gid)
+            self.counters["graphs_registered"] += 1
+        outputs = [next(self.ids) for _ in graph.outputs]
+        made = sum(graph.metas[node].nbytes for _, node in graph.outputs)
+        if self.drops and (self._made >= DROP_BYTES or made >= DROP_BYTES):
+            self._queue_drops()
+        self._made += made
+        self._batch.append(RunGraph(gid, inputs, tuple(outputs)))
+        self.counters["graph_runs"] += 1
+        if len(self._batch) >= BATCH_OPS or self.clock() - self._first > BATCH_SECONDS:
+            self.flush()
+        return outputs
+
+    def grant(self, tid: int, capability: bytes, session: str) -> None:
+        """Let ``session`` read tensor ``tid`` once with ``capability``, after every op before it."""
+        self._take_log()
+        self._batch.append(Grant(tid, capability, session))
+
+    def fetch(self, meta, capability: bytes, where, peer: str) -> int:
+        """A new tensor of ``meta``, the one granted with ``capability`` on the peer at ``where`` (a
+        device with a scheme, host and port) whose identity is ``peer``: its id."""
+        if meta.dtype.name not in self.dtypes:
+            raise NotSupportedError(f"to_device: {self.name} ({self.info.get('device')}) does not support {meta.dtype}")
+        tid = next(self.ids)
+        self._queue_drops()  # the bytes the program let go are freed before the fetch counts its own
+        self._batch.append(Fetch(tid, meta.dtype, tuple(meta.shape), where.scheme, where.host, where.port,
+                                 capability, peer))
+        return tid
+
+    def request(self, record: type, *fields) -> int:
+        """Add request ``record(rid, *fields)`` (Get, Shape, Sync, Stats) after everything so far and
+        the drops (so the reply, peer counters above all, sees them freed), and send the batch: its
+        request id, whose reply :meth:`answer` gives once it came."""
+        rid = next(self._rids)
+        self._queue_drops()
+        self._batch.append(record(rid, *fields))
+        self._awaiting.add(rid)
+        self._encode_batch()
+        return rid
+
+    def flush(self) -> None:
+        """Make every pending message part of a frame to send."""
+        self._queue_drops()
+        if self._batch:
+            self._encode_batch()
+
+    def close(self) -> None:
+        """End the session: the batch, then a close frame."""
+        self.flush()
+        self._outgoing.append(wire.encode_frame({"t": "close"}))
+
+    # -- what comes out, and what comes back --
+    def data_to_send(self) -> list:
+        """The frames to write, in order, each a list of buffers; they are the caller's now."""
+        frames, self._outgoing = self._outgoing, []
+        return frames
+
+    def receive_frame(self, frame: wire.Frame) -> None:
+        """Take a frame the peer sent: count it, keep the replies awaited, and note (``ended``) a
+        peer's end of the session with its reason. ``alive`` frames only count."""
+        received = wire.PREFIX_SIZE
+        for segment in frame.segments:
+            received += segment.nbytes
+        self.counters["bytes_down"] += received
+        header = frame.header
+        kind = header.get("t")
+        if kind == "alive":  # the peer is still working on what we (or a batch before) wait for
+            self.counters["keepalives"] += 1
+        elif kind == "error":
+            self.ended = f"the peer ended the session: {header.get('reason')}"
+        for reply in header.get("m", ()):
+            reply = parse_reply(reply)
+            if reply.rid in self._awaiting:
+                self._answers[reply.rid] = (reply, frame.segments)
+
+    def answer(self, rid: int):
+        """Request ``rid``'s reply and the segments of its frame, once received (else None); an error
+        reply raises the typed exception it names."""
+        answer = self._answers.pop(rid, None)
+        if answer is None:
+            return None
+        self._awaiting.discard(rid)
+        reply = answer[0]
+        if type(reply) is Error:
+            raise wire.error_from_reply(reply.error, reply.message)
+        return answer
+
+    # -- the batch --
+    def _take_log(self) -> None:
+        """Move the logged ops into the batch, each into the run of one-output ops the batch ends
+        with, or a new one (wire/runs.py): a loop sends the same bytes each time, and the peer
+        replays what it compiled of them."""
+        run = self._run
+        if not self._batch or self._batch[-1] is not run:
+            run = None
+        self._run, taken = append_ops(self.log, self._batch, run, self.handle)
+        self._extra += taken
+
+    def _queue_drops(self) -> None:
+        """Move dropped ids into the batch, each after every op that may still read it: first those
+        dropped before the log is taken, ahead of the logged ops (the log holds its inputs' handles,
+        so none of them reads these; outputs of logged ops wait for them), so that the peer frees
+        their bytes before it runs those ops; then the log; then the ids its handles let go."""
+        drops, log = self.drops, self.log
+        if drops and log:
+            floor = log[0][4]
+            for entry in log:  # threads may log out of order: the log's lowest output id (~1 µs for 64 ops)
+                if entry[4] < floor:
+                    floor = entry[4]
+            self._place_drops(len(drops), floor)
+        self._take_log()  # the log's ops (and its inputs' handles, which may now be dropped, let go)
+        self._made = 0
+        if drops:
+            self._place_drops(len(drops))  # handles dropped meanwhile wait for the next
+        while self._forgotten:
+            self._batch.append(Forget(self._forgotten.popleft()))
+
+    def _place_drops(self, count: int, floor: int | None = None) -> None:
+        """Put the first ``count`` dropped ids at the batch's end; those at or past ``floor`` (outputs
+        of ops still in the log, perhaps) go back to wait for the next time. An output of the run
+        the batch ends with goes into that run's outputs let go (no message after it can read it),
+        any other in a drop message (beyond DROP_IDS of them, each in a frame of its own: headers
+        stay small)."""
+        drops = self.drops
+        ids = [drops.popleft() for _ in range(count)]
+        if floor is not None and max(ids) >= floor:
+            drops.extend(tid for tid in ids if tid >= floor)
+            ids = [tid for tid in ids if tid < floor]
+        run = self._run
+        if run is not None and self._batch and self._batch[-1] is run:
+            ids = run.release(ids)
+        for start in range(0, len(ids), DROP_IDS):
+            if start:
+                self._encode_batch()
+            self._batch.append(Drop(tuple(ids[start:start + DROP_IDS])))
+
+    def _encode_batch(self) -> None:
+        messages, self._batch = self._batch, []
+        segments, self._segments = self._segments, []
+        self._copied = self._extra = 0
+        self._run = None
+        ops = 0
+        for i, message in enumerate(messages):
+            if type(message) is Run:  # its records and outputs let go as msgpack bytes, the key the peer knows it by
+                messages[i] = encode_run(message, self._blobs)
+                ops += len(message.records)
+            elif message[0] == "op":
+                ops += 1
+        self.counters["ops"] += ops
+        self._outgoing.append(wire.encode_frame({"t": "batch", "m": tuple(messages)}, segments))
