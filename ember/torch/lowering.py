@@ -80,7 +80,8 @@ def reshaped(out, x, *args, **kwargs):
 
 
 def _axes(dim, ndim):
-    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+    """aten's ``dim`` as ember's ``axis``: None for every axis (PyTorch also accepts 0 and -1 on a 0-d tensor)."""
+    if dim is None or ndim == 0 or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return None
     return tuple(d % max(ndim, 1) for d in dim) if isinstance(dim, (list, tuple)) else dim % max(ndim, 1)
 
@@ -92,6 +93,8 @@ def _reduce(fn):
 
 
 def _transpose(out, x, dim0, dim1):
+    if x.ndim < 2:
+        return x
     axes = list(range(x.ndim))
     axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
     return em.permute_dims(x, tuple(axes))
@@ -104,9 +107,23 @@ def _slice(out, x, dim=0, start=None, end=None, step=1):
 
 
 def _select(out, x, dim, index):
-    where = [slice(None)] * x.ndim
-    where[dim % x.ndim] = index
-    return x[tuple(where)]
+    return x[_index(x.ndim, dim, index)]
+
+
+def _index(ndim, dim, key):
+    """``key`` along axis ``dim``, every element along the others."""
+    where = [slice(None)] * ndim
+    where[dim % ndim] = key
+    return tuple(where)
+
+
+def _scattered(key_of):
+    """The backward of a view that picks elements (select, slice): zeros, the gradient where they were."""
+    def lower(out, grad, input_sizes, dim, *key):
+        result = em.zeros(tuple(input_sizes), dtype=grad.dtype, device=grad.device)
+        result[_index(len(input_sizes), dim, key_of(*key))] = grad
+        return result
+    return lower
 
 
 def _addmm(out, bias, a, b, *, beta=1, alpha=1):
@@ -130,6 +147,13 @@ def _divide(out, x, y, *, rounding_mode=None):
     quotient = em.divide(cast(x, torch.float64), cast(y, torch.float64)) if not out.dtype.is_floating_point \
         else em.divide(cast(x, out.dtype), cast(y, out.dtype))
     return em.trunc(quotient) if rounding_mode == "trunc" else quotient
+
+
+def _along(fn):
+    """A softmax-like op along ``dim``; a 0-d tensor as one of one element."""
+    def lower(out, x, dim, *args):
+        return em.reshape(fn(em.reshape(x, (1,)), axis=0), ()) if x.ndim == 0 else fn(cast(x, out.dtype), axis=dim)
+    return lower
 
 
 def _where(out, condition, x, y):
@@ -176,11 +200,11 @@ def _mse_loss_backward(out, grad, x, y, reduction):
 
 
 def _softmax_backward(out, grad, output, dim, input_dtype):
-    return output * (grad - em.sum(grad * output, axis=dim, keepdims=True))
+    return output * (grad - em.sum(grad * output, axis=_axes(dim, grad.ndim), keepdims=True))
 
 
 def _log_softmax_backward(out, grad, output, dim, input_dtype):
-    return grad - em.exp(output) * em.sum(grad, axis=dim, keepdims=True)
+    return grad - em.exp(output) * em.sum(grad, axis=_axes(dim, grad.ndim), keepdims=True)
 
 
 def _threshold_backward(out, grad, x, threshold):
@@ -189,6 +213,15 @@ def _threshold_backward(out, grad, x, threshold):
 
 def _relu(out, x):
     return em.nn.relu(x) if x.dtype.kind == em.dtypes.REAL else em.maximum(x, 0)
+
+
+def _joined(xs):
+    """cat's operands, less the 1-d empty tensors PyTorch lets any cat skip (a legacy it keeps)."""
+    return [x for x in xs if x.shape != (0,)] or xs[:1]
+
+
+def _truth(x):
+    return x if x.dtype == em.bool else em.not_equal(x, 0)
 
 
 def _local_scalar(out, x):
@@ -248,7 +281,18 @@ LOWERINGS = {
     aten.gt.Scalar: comparison(em.greater),
     aten.ge.Tensor: comparison(em.greater_equal),
     aten.ge.Scalar: comparison(em.greater_equal),
-    aten.logical_not.default: same(em.logical_not),
+    aten.logical_and.default: comparison(lambda x, y: em.logical_and(_truth(x), _truth(y))),
+    aten.logical_or.default: comparison(lambda x, y: em.logical_or(_truth(x), _truth(y))),
+    aten.logical_xor.default: comparison(lambda x, y: em.logical_xor(_truth(x), _truth(y))),
+    aten.bitwise_and.Tensor: arithmetic(em.bitwise_and),
+    aten.bitwise_or.Tensor: arithmetic(em.bitwise_or),
+    aten.bitwise_xor.Tensor: arithmetic(em.bitwise_xor),
+    aten.__and__.Tensor: arithmetic(em.bitwise_and),
+    aten.__or__.Tensor: arithmetic(em.bitwise_or),
+    aten.__xor__.Tensor: arithmetic(em.bitwise_xor),
+    aten.masked_fill.Scalar: lambda out, x, mask, value: em.where(mask, cast(value, out.dtype), x),
+    aten.masked_fill.Tensor: lambda out, x, mask, value: em.where(mask, cast(value, out.dtype), x),
+    aten.logical_not.default: lambda out, x: em.logical_not(x) if x.dtype == em.bool else em.equal(x, 0),
     # linear algebra
     aten.mm.default: arithmetic(em.matmul),
     aten.bmm.default: arithmetic(em.matmul),
@@ -261,11 +305,11 @@ LOWERINGS = {
     aten.mean.default: lambda out, x, *, dtype=None: em.mean(cast(x, out.dtype)),
     aten.amax.default: _reduce(em.max),
     aten.amin.default: _reduce(em.min),
-    aten.argmax.default: lambda out, x, dim=None, keepdim=False: em.argmax(x, axis=dim, keepdims=keepdim),
-    aten.argmin.default: lambda out, x, dim=None, keepdim=False: em.argmin(x, axis=dim, keepdims=keepdim),
+    aten.argmax.default: lambda out, x, dim=None, keepdim=False: em.argmax(x, axis=_axes(dim, x.ndim), keepdims=keepdim),
+    aten.argmin.default: lambda out, x, dim=None, keepdim=False: em.argmin(x, axis=_axes(dim, x.ndim), keepdims=keepdim),
     # neural-network rows
-    aten._softmax.default: lambda out, x, dim, half_to_float: em.nn.softmax(x, axis=dim),
-    aten._log_softmax.default: lambda out, x, dim, half_to_float: em.nn.log_softmax(x, axis=dim),
+    aten._softmax.default: _along(em.nn.softmax),
+    aten._log_softmax.default: _along(em.nn.log_softmax),
     aten._softmax_backward_data.default: _softmax_backward,
     aten._log_softmax_backward_data.default: _log_softmax_backward,
     aten.mse_loss.default: lambda out, x, y, reduction=1: em.nn.mse_loss(x, y, reduction=_REDUCTIONS[reduction]),
@@ -286,7 +330,9 @@ LOWERINGS = {
     aten.expand.default: lambda out, x, size, *, implicit=False: em.broadcast_to(x, tuple(out.shape)),
     aten.slice.Tensor: _slice,
     aten.select.int: _select,
-    aten.cat.default: lambda out, xs, dim=0: em.concat([cast(x, out.dtype) for x in xs], axis=dim),
+    aten.select_backward.default: _scattered(lambda index: index),
+    aten.slice_backward.default: _scattered(lambda start, end, step: slice(start, end, step)),
+    aten.cat.default: lambda out, xs, dim=0: em.concat([cast(x, out.dtype) for x in _joined(xs)], axis=dim),
     aten.stack.default: lambda out, xs, dim=0: em.stack([cast(x, out.dtype) for x in xs], axis=dim),
     # copies, casts and creation
     aten.clone.default: lambda out, x, *, memory_format=None: x,  # ember arrays are values: in-place ops rebind

@@ -123,11 +123,11 @@ class Tensor(torch.Tensor):
             return _foreach(func, args, kwargs)
         if func in ALIASES:
             return Tensor(args[0]._storage)
-        if name.endswith("_") and func not in LOWERINGS:
+        if name.endswith("_") and not name.endswith("__") and func not in LOWERINGS:
             return _in_place(func, args, kwargs)
         lower = LOWERINGS.get(func)
         if lower is None:
-            decomposition = decomposition_table.get(func)
+            decomposition = decomposition_table.get(func) or _composite(func)
             if decomposition is None:
                 raise unlowered(func, "no lowering to ember and no decomposition in torch._decomp")
             try:
@@ -143,6 +143,13 @@ class Tensor(torch.Tensor):
         return _wrap(result, out, func, base)
 
 
+def _composite(func):
+    """PyTorch's own composite kernel of ``func`` (CompositeImplicitAutograd), which a decomposition may call."""
+    if not func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        return None
+    return func.decompose
+
+
 def unlowered(func, why: str) -> UnloweredOpError:
     """The error for an aten op ember cannot run, naming it and the user's line."""
     error = UnloweredOpError(f"{func}: {why} (ember.torch.supported_ops() lists the ops it lowers) — called at "
@@ -152,8 +159,11 @@ def unlowered(func, why: str) -> UnloweredOpError:
 
 
 def _meta(x):
-    """What PyTorch's meta kernel is given for an argument: a meta tensor of the same shape and dtype."""
-    return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
+    """What PyTorch's meta kernel is given for an argument: a meta tensor of the same shape and dtype (and the
+    meta device where a device is named)."""
+    if isinstance(x, torch.Tensor):
+        return torch.empty(x.shape, dtype=x.dtype, device="meta")
+    return torch.device("meta") if isinstance(x, torch.device) else x
 
 
 def _unwrap(func, values: tuple) -> list:
