@@ -139,12 +139,18 @@ class Quota:
 
     def give(self, nbytes: int) -> None:
         """Count ``nbytes`` no more (every drop comes here), and set the ceiling again."""
+        self.give_back(nbytes)
+        self.room()
+
+    def give_back(self, nbytes: int) -> None:
+        """:meth:`give` without setting the ceiling again: only after a reservation the fast path
+        made, for ids since added that raised ``used`` by their overhead at least, net (a replay
+        giving back what its outputs let go held): the ceiling then still stops at the cap."""
         self.used -= nbytes
         self.credit += nbytes
         if self.credit > 2 * CREDIT:  # the budget gets back all but one credit
             self.budget.give(self.credit - CREDIT)
             self.credit = CREDIT
-        self.room()
 
     def room(self, pending: int = 0) -> None:
         """Set :attr:`ceiling`, what the fast path checks instead of the quota and the cap on

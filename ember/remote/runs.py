@@ -60,14 +60,16 @@ def peak(records: tuple, needs: list, ended: dict, metas: dict, overhead: int = 
 class RunPlan:
     """A run compiled for the metas its inputs had: ``replay`` runs it, or says it cannot."""
 
-    __slots__ = ("plan", "inputs", "outputs", "kept", "metas", "need")
+    __slots__ = ("plan", "inputs", "outputs", "kept", "metas", "sizes", "held", "need")
 
-    def __init__(self, plan, inputs: list, outputs: list, kept: list, metas: list, need: int):
+    def __init__(self, plan, inputs: list, outputs: list, kept: list, metas: list, need: int, overhead: int = 0):
         self.plan = plan
         self.inputs = inputs    # (relative reference, the meta it had) per input of the plan, in its order
         self.outputs = outputs  # every relative output id: none may be in use
-        self.kept = kept        # those the client holds, in the plan's order, and their metas
+        self.kept = kept        # those the client holds, in the plan's order, and their metas and sizes
         self.metas = metas
+        self.sizes = [meta.nbytes + overhead for meta in metas]  # as the table counts them: with their ids' overhead
+        self.held = sum(self.sizes)
         self.need = need        # the most the op path holds at once: what a replay reserves
 
     @classmethod
@@ -115,7 +117,7 @@ class RunPlan:
             plan = engine.compile(ops, list(input_metas), {}, kept, known, native=False)
         except EmberError:  # a row without a kernel here: the op path refuses it by name
             return NOT_COMPILED
-        return cls(plan, list(input_metas.items()), outputs, kept, [known[o] for o in kept], need)
+        return cls(plan, list(input_metas.items()), outputs, kept, [known[o] for o in kept], need, overhead)
 
     def replay(self, table, base: int, inputs: tuple) -> bool:
         """Run the plan on the tensors of ``table`` and keep its outputs there, or leave everything as
@@ -134,12 +136,18 @@ class RunPlan:
             if base + ref in sizes:  # in use, or being fetched: the op path writes over it
                 return False
         need, quota = self.need, table.quota
-        if quota.reserve(need, len(self.kept)) is not None:  # no room: the op path refuses the op that does not fit
-            return False
+        inline = quota.fits(need)
+        if not inline and quota.reserve(need, len(self.kept)) is not None:  # no room: the op path refuses the op
+            return False                                                    # that does not fit
         try:
             results = self.plan.run(values)
         except Exception:
             quota.give(need)
             return False
-        table.keep([base + ref for ref in self.kept], results, self.metas, need)  # what the outputs let go held goes back
+        kept = self.kept  # most runs keep their last output alone
+        table.keep((base + kept[0],) if len(kept) == 1 else [base + ref for ref in kept], results, self.metas,
+                   self.held, True, self.sizes)
+        if need > self.held:  # what the outputs let go held while the plan ran; reserved inline, the ceiling stays
+            # right (the kept ids raised used by their overhead at least, net); through reserve, it is set again
+            (quota.give_back if inline else quota.give)(need - self.held)
         return True

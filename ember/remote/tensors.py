@@ -163,9 +163,10 @@ class TensorTable:
             return True
         return False
 
-    def keep(self, outputs: tuple, values, out_metas, reserved: int, partly: bool = True) -> None:
+    def keep(self, outputs, values, out_metas, reserved: int, partly: bool = True, sizes=None) -> None:
         """Store an op's or a run's outputs; of the bytes ``reserved`` for it, they keep theirs — data
-        and id overhead — (all of them unless ``partly``: the outputs' sizes were all the reservation)."""
+        and id overhead, or ``sizes`` where the caller knows them (a compiled run) — (all of them
+        unless ``partly``: the outputs' sizes were all the reservation)."""
         quota = self.quota
         for tid in outputs:
             if type(tid) is not int or tid < 0:
@@ -175,22 +176,23 @@ class TensorTable:
             for tid in outputs:
                 if tid in self.incoming:
                     self._cancel_fetch(tid)
-        freed = 0
+        freed = written = 0
         if len(outputs) == 1 and not partly:
             kept = (reserved,)
         else:
-            kept = [m.nbytes + TENSOR_OVERHEAD for m in out_metas]
+            kept = sizes or [m.nbytes + TENSOR_OVERHEAD for m in out_metas]
             if partly:
                 freed = reserved - sum(kept)
-        tensors, metas, sizes = self.tensors, self.metas, self.sizes
+        tensors, metas, held = self.tensors, self.metas, self.sizes
         for tid, value, meta, nbytes in zip(outputs, values, out_metas, kept):
-            old = sizes.get(tid)
+            old = held.get(tid)
             if old is not None:  # a tensor written again: the old one's bytes go back
-                freed += old
+                written += old
             tensors[tid] = value
             metas[tid] = meta
-            sizes[tid] = nbytes
-        quota.give(freed)  # after the ids are in: the fast path's ceiling counts them (Quota.room)
+            held[tid] = nbytes
+        if freed or written:  # after the ids are in: the ceiling counts them (Quota.room)
+            quota.give(freed + written)
         if self.sent:
             for tid in outputs:
                 self.sent.pop(tid, None)
