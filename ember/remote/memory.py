@@ -1,7 +1,7 @@
-"""A compute peer's memory: the budget all its sessions share, the figures a session counts, the buffer pool.
+"""A compute peer's memory: the budget all its sessions share, a session's quota, the figures it counts, the pool.
 
-Every byte a session makes the peer hold is counted before it is allocated: against the
-session's quota (``limits.max_session_bytes``; a quarter of the budget unless set,
+Every byte a session makes the peer hold is counted before it is allocated, by its
+:class:`Quota`: against the session's quota (``limits.max_session_bytes``; a quarter of the budget unless set,
 :func:`default_quota`) and the peer's :class:`Budget`, which a session takes in chunks
 (:data:`CREDIT`), so most ops take no lock. What a session holds beside its tensors' data — each
 tensor id, graph, graph op and remembered run — counts at the fixed figures below, so counts are
