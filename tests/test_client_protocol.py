@@ -336,8 +336,9 @@ def test_a_reply_answers_its_request_by_id_and_an_error_reply_raises_its_kind(pr
     protocol.receive_frame(reply(("error", unknown, "SomeNewError", "from a newer peer")))
     with pytest.raises(ExecutionError, match="from a newer peer"):
         protocol.answer(unknown)
-    with pytest.raises(ProtocolError, match="the 'data' message is"):
-        protocol.receive_frame(reply(("data", 1)))
+    malformed = protocol.request(Get, 5)
+    with pytest.raises(ProtocolError, match=r"the 'data' message is \[kind, rid, segment\], got 2 items"):
+        protocol.receive_frame(reply(("data", malformed)))
 
 
 def test_alive_frames_only_count_and_an_error_frame_ends_the_session(protocol):

@@ -339,29 +339,34 @@ class RemoteEngine(Engine):
             if self.lost is not None:
                 raise self.lost
             rid = self.protocol.request(record, *fields)
+            if not profiling.watching:
+                return self._wait(rid)
             started, received = _clock(), self.counters["bytes_down"]
-            self._transmit()
-            self.counters["round_trips"] += 1
-            spin_wait(self.connection, self.spin)  # a small reply comes back in microseconds: catch it awake
             try:
-                while (answer := self.protocol.answer(rid)) is None:
-                    self._heed(self._receive())
-                return answer
+                return self._wait(rid)
             finally:
-                if profiling.watching:
-                    profiling.record(record.KIND, self.name, _clock() - started, self.counters["bytes_down"] - received)
+                profiling.record(record.KIND, self.name, _clock() - started, self.counters["bytes_down"] - received)
 
-    def _receive(self):
-        try:
-            return self.connection.receive(self.window)
-        except TimedOut as error:
-            if self.window is None:
+    def _wait(self, rid: int):
+        """Send the batch and wait for reply ``rid`` (``_call`` holds the lock)."""
+        self._transmit()
+        self.counters["round_trips"] += 1
+        spin_wait(self.connection, self.spin)  # a small reply comes back in microseconds: catch it awake
+        while True:
+            try:
+                frame = self.connection.receive(self.window)
+            except TimedOut as error:
+                if self.window is None:
+                    raise self._lose(error) from None
+                raise self._lose(ConnectionLost(
+                    f"no sign of life for {self.window:g} s (EMBER_KEEPALIVE), although the peer keeps alive "
+                    f"while it works: it is hung or unreachable")) from None
+            except ConnectionLost as error:
                 raise self._lose(error) from None
-            raise self._lose(ConnectionLost(
-                f"no sign of life for {self.window:g} s (EMBER_KEEPALIVE), although the peer keeps alive "
-                f"while it works: it is hung or unreachable")) from None
-        except ConnectionLost as error:
-            raise self._lose(error) from None
+            self._heed(frame)
+            answer = self.protocol.answer(rid)
+            if answer is not None:
+                return answer
 
     def _heed(self, frame) -> None:
         """Give a received frame to the protocol; the peer's end of the session is raised as this

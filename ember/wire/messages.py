@@ -18,13 +18,13 @@ from ..errors import ProtocolError
 
 Id = int  # a tensor, graph or request id: a non-negative integer (bool is none)
 
-_CHECKS = {  # annotation -> (what a value must be, the test)
-    "Id": ("a non-negative integer", lambda v: type(v) is int and v >= 0),
-    "int": ("an integer", lambda v: type(v) is int),
-    "str": ("a string", lambda v: type(v) is str),
-    "bytes": ("bytes", lambda v: type(v) is bytes),
-    "tuple": ("a list", lambda v: type(v) is tuple),
-    "dict": ("a map", lambda v: type(v) is dict),
+_CHECKS = {  # annotation -> (what a value must be, its type, its least value or None)
+    "Id": ("a non-negative integer", int, 0),  # type(True) is bool: no id
+    "int": ("an integer", int, None),
+    "str": ("a string", str, None),
+    "bytes": ("bytes", bytes, None),
+    "tuple": ("a list", tuple, None),
+    "dict": ("a map", dict, None),
 }
 
 REQUESTS: dict[str, type] = {}  # kind -> record, of the messages a client sends
@@ -40,7 +40,7 @@ def _kind(kind: str, table: dict):
             return _tuple_new(cls, (kind, *values))
         notes = [getattr(note, "__forward_arg__", note) for note in fields.__annotations__.values()]  # names, as written
         checks = tuple((index, name, *_CHECKS[note]) for index, (name, note) in enumerate(zip(fields._fields, notes))
-                       if index and note in _CHECKS)  # (index, field, what it must be, the test), kind aside
+                       if index and note in _CHECKS)  # (index, field, what, type, least), kind aside
         record = type(fields.__name__, (fields,), {"__slots__": (), "__new__": __new__, "__doc__": fields.__doc__,
                                                    "KIND": kind, "CHECKS": checks, "__module__": __name__})
         table[kind] = record
@@ -208,27 +208,24 @@ class Error(NamedTuple):
     message: str
 
 
-def _parse(message, table: dict, side: str):
+def parse(message, table: dict = REQUESTS):
+    """The record of a message (a decoded batch item; a reply with ``table`` REPLIES); ProtocolError
+    naming its kind and the field that is wrong unless it has its kind's length and each field its
+    type."""
     if type(message) is not tuple or not message or type(message[0]) is not str:
         raise ProtocolError(f"malformed message {message!r:.80}")
     record = table.get(message[0])
     if record is None:
-        raise ProtocolError(f"unknown {side} type {message[0]!r:.40}")
+        raise ProtocolError(f"unknown {'reply' if table is REPLIES else 'message'} type {message[0]!r:.40}")
     if len(message) != len(record._fields):
         raise ProtocolError(f"the {record.KIND!r} message is [{', '.join(record._fields)}], got {len(message)} items")
-    for index, field, what, test in record.CHECKS:
+    for index, field, what, kind, least in record.CHECKS:  # no call per field: a reply is parsed per round trip
         value = message[index]
-        if not test(value):
+        if type(value) is not kind or (least is not None and value < least):
             raise ProtocolError(f"the {record.KIND!r} message's {field} must be {what}, got {value!r:.40}")
     return _tuple_new(record, message)
 
 
-def parse(message):
-    """The record of a message a client sent (a decoded batch item); ProtocolError naming its kind
-    and the field that is wrong unless it has its kind's length and each field its type."""
-    return _parse(message, REQUESTS, "message")
-
-
 def parse_reply(reply):
     """The record of a reply the peer sent; ProtocolError as :func:`parse`."""
-    return _parse(reply, REPLIES, "reply")
+    return parse(reply, REPLIES)
