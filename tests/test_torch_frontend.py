@@ -59,7 +59,7 @@ def train(device, optimizer: str, foreach: bool, loss: str, per_step=None):
     return losses, predictions, {name: t.cpu() for name, t in model.state_dict().items()}
 
 
-@pytest.fixture(scope="module", params=["numpy", "peer", "jax:cpu"])
+@pytest.fixture(scope="module", params=["numpy", "torch:cpu", "peer", "jax:cpu"])
 def device(request):
     if request.param == "peer":
         return em.device(request.getfixturevalue("peer").url())

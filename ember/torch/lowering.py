@@ -19,7 +19,7 @@ import torch
 
 import ember as em
 
-from .dtypes import to_ember
+from .dtypes import to_ember, to_torch
 
 aten = torch.ops.aten
 
@@ -56,22 +56,18 @@ def comparison(fn):
 def _probe(x):
     """What ``torch.result_type`` reads of an operand: a meta tensor of its shape and dtype, or the scalar."""
     if isinstance(x, em.Array):
-        from .dtypes import to_torch
         return torch.empty(x.shape, dtype=to_torch(x.dtype), device="meta")
     return x
 
 
-def same(fn):
-    """An op whose arguments ember takes as they are."""
-    return lambda out, *args, **kwargs: fn(*args, **kwargs)
+def filled(out, x, value, *args, **kwargs):
+    """A creation op: ``value`` everywhere, in ``out``'s shape and dtype, on ``x``'s device."""
+    return em.full(tuple(out.shape), value, dtype=to_ember(out.dtype), device=x.device)
 
 
 def like(value):
-    """A creation op shaped like ``out``: ``value`` everywhere (``fill`` for the op's own fill value)."""
-    def lower(out, x, *args, **kwargs):
-        fill = args[0] if value == "fill" else value
-        return em.full(tuple(out.shape), fill, dtype=to_ember(out.dtype), device=x.device)
-    return lower
+    """A creation op of a fixed value (``zeros_like``, ``new_ones`` …)."""
+    return lambda out, x, *args, **kwargs: filled(out, x, value)
 
 
 def reshaped(out, x, *args, **kwargs):
@@ -101,9 +97,7 @@ def _transpose(out, x, dim0, dim1):
 
 
 def _slice(out, x, dim=0, start=None, end=None, step=1):
-    index = [slice(None)] * x.ndim
-    index[dim % x.ndim] = slice(start, end, step)
-    return x[tuple(index)]
+    return x[_index(x.ndim, dim, slice(start, end, step))]
 
 
 def _select(out, x, dim, index):
@@ -341,14 +335,14 @@ LOWERINGS = {
     aten.zeros_like.default: like(0),
     aten.ones_like.default: like(1),
     aten.empty_like.default: like(0),
-    aten.full_like.default: like("fill"),
-    aten.fill.Scalar: like("fill"),
+    aten.full_like.default: filled,
+    aten.fill.Scalar: filled,
     aten.zero.default: like(0),
     aten.new_zeros.default: like(0),
     aten.new_ones.default: like(1),
     aten.new_empty.default: like(0),
     aten.new_empty_strided.default: like(0),
-    aten.new_full.default: lambda out, x, size, fill_value, **kwargs: like("fill")(out, x, fill_value),
+    aten.new_full.default: lambda out, x, size, fill_value, **kwargs: filled(out, x, fill_value),
     # reads
     aten._local_scalar_dense.default: _local_scalar,
 }

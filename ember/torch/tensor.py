@@ -123,24 +123,32 @@ class Tensor(torch.Tensor):
             return _foreach(func, args, kwargs)
         if func in ALIASES:
             return Tensor(args[0]._storage)
-        if name.endswith("_") and not name.endswith("__") and func not in LOWERINGS:
+        if func in LOWERINGS:
+            return _lowered(func, args, kwargs)
+        if name.endswith("_") and not name.endswith("__"):
             return _in_place(func, args, kwargs)
-        lower = LOWERINGS.get(func)
-        if lower is None:
-            decomposition = decomposition_table.get(func) or _composite(func)
-            if decomposition is None:
-                raise unlowered(func, "no lowering to ember and no decomposition in torch._decomp")
-            try:
-                return decomposition(*args, **kwargs)
-            except UnloweredOpError as inner:
-                raise unlowered(func, f"no lowering to ember, and its decomposition in torch._decomp reaches "
-                                      f"{inner.op}, which has none") from None
-        out = None if func in READS else func(*tree_map(_meta, args), **tree_map(_meta, kwargs))
-        result = lower(out, *_unwrap(func, args), **dict(zip(kwargs, _unwrap(func, tuple(kwargs.values())))))
-        if func in READS:
-            return result
-        base = args[0]._storage if func in VIEWS else None
-        return _wrap(result, out, func, base)
+        return _decomposed(func, args, kwargs)
+
+
+def _lowered(func, args, kwargs):
+    """``func`` through its lowering: PyTorch's meta kernel for the result's metas, ember for its values."""
+    out = None if func in READS else func(*tree_map(_meta, args), **tree_map(_meta, kwargs))
+    result = LOWERINGS[func](out, *_unwrap(func, args), **dict(zip(kwargs, _unwrap(func, tuple(kwargs.values())))))
+    if func in READS:
+        return result
+    return _wrap(result, out, func, args[0]._storage if func in VIEWS else None)
+
+
+def _decomposed(func, args, kwargs):
+    """``func`` through torch._decomp's decomposition (or its composite kernel), whose ops dispatch here again."""
+    decomposition = decomposition_table.get(func) or _composite(func)
+    if decomposition is None:
+        raise unlowered(func, "no lowering to ember and no decomposition in torch._decomp")
+    try:
+        return decomposition(*args, **kwargs)
+    except UnloweredOpError as inner:
+        raise unlowered(func, f"no lowering to ember, and its decomposition in torch._decomp reaches {inner.op}, "
+                              f"which has none") from None
 
 
 def _composite(func):
@@ -187,25 +195,25 @@ def _wrap(result, out, func, base: Storage | None):
         return type(out)(_wrap(r, o, func, base) for r, o in zip(result, out))
     if not isinstance(out, torch.Tensor):
         return result
-    array = result if isinstance(result, em.Array) else em.asarray(result)
-    array = em.astype(array, to_ember(out.dtype)) if array.dtype != to_ember(out.dtype) else array
+    return Tensor(Storage(_as(result, out, func), base))
+
+
+def _as(array: em.Array, out: torch.Tensor, func) -> em.Array:
+    """A lowering's array in ``out``'s dtype, checked against ``out``'s shape (a mismatch is a lowering's bug)."""
     if array.shape != tuple(out.shape):
         raise AssertionError(f"{func}: the lowering made shape {array.shape}, PyTorch's meta kernel {tuple(out.shape)}")
-    return Tensor(Storage(array, base))
+    return em.astype(array, to_ember(out.dtype)) if array.dtype != to_ember(out.dtype) else array
 
 
 def _in_place(func, args, kwargs):
     """``op_(self, …)``: the functional overload's lowering, its result rebound into ``self``'s storage."""
-    functional = getattr(getattr(aten, func.overloadpacket.__name__[:-1]), func._overloadname, None)
+    functional = getattr(getattr(aten, func.overloadpacket.__name__[:-1], None), func._overloadname, None)
     if functional is None or functional not in LOWERINGS:
         raise unlowered(func, f"no lowering to ember (an in-place op runs its functional form, "
                               f"{func.overloadpacket.__name__[:-1]}, which has none)")
     self = args[0]
     out = func(*tree_map(_meta, args), **tree_map(_meta, kwargs))  # PyTorch's checks: shape kept, dtype castable
-    result = Tensor.__torch_dispatch__(functional, (Tensor,), args, kwargs)
-    array = result._storage.array
-    array = em.astype(array, to_ember(out.dtype)) if array.dtype != to_ember(out.dtype) else array
-    self._storage.rebind(em.broadcast_to(array, tuple(out.shape)), func)
+    self._storage.rebind(_as(_lowered(functional, args, kwargs)._storage.array, out, func), func)
     return self
 
 
