@@ -132,7 +132,7 @@ class Tensor(torch.Tensor):
 
 def _lowered(func, args, kwargs):
     """``func`` through its lowering: PyTorch's meta kernel for the result's metas, ember for its values."""
-    out = None if func in READS else func(*tree_map(_meta, args), **tree_map(_meta, kwargs))
+    out = None if func in READS else metas(func, args, kwargs)
     result = LOWERINGS[func](out, *_unwrap(func, args), **dict(zip(kwargs, _unwrap(func, tuple(kwargs.values())))))
     if func in READS:
         return result
@@ -164,6 +164,37 @@ def unlowered(func, why: str) -> UnloweredOpError:
                              f"{user_line()}")
     error.op = func
     return error
+
+
+_METAS: dict = {}  # (op, the arguments' metas and values) → PyTorch's meta result
+METAS_KEPT = 4096
+
+
+def metas(func, args, kwargs):
+    """``func``'s result on meta tensors — PyTorch's shapes, dtypes and checks — remembered per signature: a
+    meta kernel is a pure function of its arguments' metas and values, and costs more than most lowerings."""
+    try:
+        key = (func, _signature(args), _signature(kwargs))
+        return _METAS[key]
+    except TypeError:  # an argument without a hashable form: computed each time
+        return func(*tree_map(_meta, args), **tree_map(_meta, kwargs))
+    except KeyError:
+        if len(_METAS) >= METAS_KEPT:
+            _METAS.clear()
+        out = _METAS[key] = func(*tree_map(_meta, args), **tree_map(_meta, kwargs))
+        return out
+
+
+def _signature(value):
+    """A hashable form of an argument: a tensor's shape and dtype, a scalar's type and value (1, 1.0 and True
+    promote differently), containers element by element."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype, type(value) is Tensor)
+    if isinstance(value, (list, tuple)):
+        return tuple(_signature(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _signature(v)) for k, v in value.items())
+    return (type(value), value)
 
 
 def _meta(x):
@@ -212,7 +243,7 @@ def _in_place(func, args, kwargs):
         raise unlowered(func, f"no lowering to ember (an in-place op runs its functional form, "
                               f"{func.overloadpacket.__name__[:-1]}, which has none)")
     self = args[0]
-    out = func(*tree_map(_meta, args), **tree_map(_meta, kwargs))  # PyTorch's checks: shape kept, dtype castable
+    out = metas(func, args, kwargs)  # PyTorch's checks too: the shape kept, the dtype castable
     self._storage.rebind(_as(_lowered(functional, args, kwargs)._storage.array, out, func), func)
     return self
 
