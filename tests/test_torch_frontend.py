@@ -211,6 +211,16 @@ def test_foreach_ops_match_eager_element_by_element(apply, expected):
             np.testing.assert_allclose(got.numpy(), expected(a, b).numpy(), rtol=1e-6)
 
 
+def test_on_capture_a_training_step_records_without_executing_and_a_read_says_so():
+    model = et.to_device(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)), "capture")
+    loss = torch.nn.functional.cross_entropy(model(et.to_device(torch.randn(16, 4), "capture")),
+                                             et.to_device(torch.randint(0, 3, (16,)), "capture"))
+    loss.backward()
+    assert model[0].weight.grad.shape == (8, 4) and model[0].weight.grad.ember_device == em.device("capture")
+    with pytest.raises(em.errors.NoValueError, match="capture records"):
+        loss.item()
+
+
 def test_an_op_without_a_lowering_raises_a_typed_error_naming_it_and_the_users_line():
     x = _on([0.5, 1.0])
     with pytest.raises(et.UnloweredOpError) as raised:
