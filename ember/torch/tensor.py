@@ -189,7 +189,7 @@ def _signature(value):
     """A hashable form of an argument: a tensor's shape and dtype, a scalar's type and value (1, 1.0 and True
     promote differently), containers element by element."""
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.dtype, type(value) is Tensor)
+        return (tuple(value.shape), value.dtype)
     if isinstance(value, (list, tuple)):
         return tuple(_signature(v) for v in value)
     if isinstance(value, dict):
