@@ -314,7 +314,7 @@ class ClientProtocol:
         for start in range(0, len(ids), DROP_IDS):
             if start:
                 self._encode_batch()
-            self._batch.append(Drop(tuple(ids[start:start + DROP_IDS])))
+            self._batch.append(_tuple_new(Drop, ("drop", tuple(ids[start:start + DROP_IDS]))))  # Drop(…), a call less
 
     def _encode_batch(self) -> None:
         messages, self._batch = self._batch, []

@@ -19,6 +19,7 @@ from . import protocol
 from .messages import Ops
 
 BLOBS_KEPT = 8  # runs whose bytes a client keeps for an equal run to send again
+_tuple_new = tuple.__new__
 
 
 class Run:
@@ -102,14 +103,17 @@ def encode_run(run: Run, recent: list) -> Ops:
     remembered there. Only runs whose equal values pack to equal bytes are looked up."""
     records, let_go = run.records, run.let_go
     if not run.reusable:
-        return Ops(run.base, tuple(run.inputs), protocol.pack((records, let_go)))
-    for entry in recent:
-        if entry[0] == records and entry[1] == let_go:
-            return Ops(run.base, tuple(run.inputs), entry[2])
-    blob = protocol.pack((records, let_go))
-    recent.insert(0, (records, let_go, blob))
-    del recent[BLOBS_KEPT:]
-    return Ops(run.base, tuple(run.inputs), blob)
+        blob = protocol.pack((records, let_go))
+    else:
+        for entry in recent:
+            if entry[0] == records and entry[1] == let_go:
+                blob = entry[2]
+                break
+        else:
+            blob = protocol.pack((records, let_go))
+            recent.insert(0, (records, let_go, blob))
+            del recent[BLOBS_KEPT:]
+    return _tuple_new(Ops, ("ops", run.base, tuple(run.inputs), blob))  # Ops(…) without its __new__'s call
 
 
 def decode_run(blob) -> tuple[tuple, tuple]:
