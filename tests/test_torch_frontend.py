@@ -236,6 +236,11 @@ def test_a_host_tensor_with_an_ember_tensor_is_refused_not_computed_on_the_cpu()
         _on([1.0, 2.0]) + torch.tensor([1.0, 2.0])
 
 
+def test_to_device_of_neither_a_module_nor_a_tensor_is_a_typed_error_naming_the_type():
+    with pytest.raises(em.SignatureError, match=r"to_device: expected a torch.nn.Module or a torch.Tensor, got list"):
+        et.to_device([1.0], "numpy")
+
+
 def test_supported_ops_lists_the_table_and_each_listed_op_lowers():
     supported = et.supported_ops()
     assert len(supported) >= len(LOWERINGS) >= 100

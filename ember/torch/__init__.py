@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import SignatureError
 from .errors import AliasingError, MixedDevicesError, UnloweredOpError
 from .lowering import LOWERINGS
 from .tensor import Tensor, from_torch, per_tensor
@@ -44,7 +45,8 @@ def to_device(model_or_tensor, device):
     if isinstance(model_or_tensor, torch.Tensor):
         return from_torch(model_or_tensor, device)
     if not isinstance(model_or_tensor, torch.nn.Module):
-        raise TypeError(f"ember.torch.to_device: expected a torch.nn.Module or a torch.Tensor, got {type(model_or_tensor)}")
+        raise SignatureError(f"ember.torch.to_device: expected a torch.nn.Module or a torch.Tensor, "
+                             f"got {type(model_or_tensor).__name__}")
     moved: dict[int, torch.Tensor] = {}
     for module in model_or_tensor.modules():
         for name, parameter in module._parameters.items():
