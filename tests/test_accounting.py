@@ -74,8 +74,8 @@ def _graph_bytes(ops: int, inputs: int = 1, outputs: int = 1) -> int:
 
 def _held(session) -> int:
     """What a session's quota counts between frames, summed from what it holds."""
-    return (sum(session.sizes.values()) + session.replying + session.granted + session.runs_bytes
-            + sum(graph.held for graph in session.graphs.values()))
+    return (sum(session.table.sizes.values()) + session.replying + session.table.granted + session.runs_bytes
+            + sum(graph.held for graph in session.registered.graphs.values()))
 
 
 # --- row 6: per id, per graph, per op ---------------------------------------------------------------
@@ -86,16 +86,17 @@ def test_every_tensor_id_costs_its_overhead_empty_and_failed_ones_too():
     session = _open(_host(max_session_bytes=64 * PER_ID))
     replies = _replies(session, *(("put", 1000 + k, k) for k in range(100)), ("get", 1, 1099), ("sync", 2),
                        segments=[np.ones(0) for _ in range(100)])
-    assert len(session.sizes) == 64 and session.used == 64 * PER_ID  # 64 empty tensors: the quota
+    assert len(session.table.sizes) == 64 and session.quota.used == 64 * PER_ID  # 64 empty tensors: the quota
     refusal = (f"put of tensor 1099: {PER_ID} more bytes would exceed this session's quota of {64 * PER_ID} bytes "
                f"({64 * PER_ID} in use)")
     assert replies == [("error", 1, "ResourceLimitError", refusal),  # no room for its refusal either: remembered apart
                        ("error", 2, "ResourceLimitError", refusal.replace("1099", "1064"))]  # the first one refused
     _replies(session, ("drop", tuple(range(1000, 1064))))
-    assert session.used == 0 and not session.sizes
+    assert session.quota.used == 0 and not session.table.sizes
     # the outputs of an op on an unknown input are kept as failures, each an id, within the quota
     _replies(session, ("op", "negative", (99,), tuple(range(2000, 2000 + 3 * UNKEPT)), {}))
-    assert len(session.sizes) == 64 and session.used == 64 * PER_ID and UNKEPT // 2 < len(session.unkept) <= UNKEPT
+    assert len(session.table.sizes) == 64 and session.quota.used == 64 * PER_ID
+    assert UNKEPT // 2 < len(session.table.unkept) <= UNKEPT
     unknown = ("ExecutionError", "negative: unknown tensor id 99 (dropped, or from another session)")
     assert _replies(session, ("get", 3, 2000), ("get", 4, 2000 + 3 * UNKEPT - 1)) == [("error", 3, *unknown),
                                                                                      ("error", 4, *unknown)]
@@ -109,22 +110,22 @@ def test_the_cap_on_tensors_holds_exactly_on_the_op_path_and_in_a_replayed_run()
     _replies(session, ("put", 1, 0), segments=[np.ones(4)])
     replies = _replies(session, *(("op", "negative", (1,), (10 + k,), {}) for k in range(150)), ("get", 1, 108),
                        ("get", 2, 109))
-    assert len(session.sizes) == 100 and set(session.sizes) == {1, *range(10, 109)}  # 109, the 101st, was refused
+    assert len(session.table.sizes) == 100 and set(session.table.sizes) == {1, *range(10, 109)}  # 109, the 101st, was refused
     assert replies[0][0] == "data" and replies[1] == ("error", 2, "ResourceLimitError", (
         "negative: 1 more tensor(s) would exceed this session's limit of 100 tensors (100 held, failed ones included); "
         "drop some first"))
-    assert session.used == _held(session) == 100 * (32 + PER_ID)
+    assert session.quota.used == _held(session) == 100 * (32 + PER_ID)
     # a run seen three times (compiled, then replayed) meets the same cap, its first output let go
     _replies(session, ("drop", tuple(range(10, 109))))
     chain = wire.pack(([("negative", (-1,), (0,), {}), ("sin", (0,), (1,), {})], [0]))
     for base in range(200, 100_000, 1000):
         _replies(session, ("ops", base, (1,), chain))
-        assert len(session.sizes) <= 100
-        if len(session.sizes) == 100:  # the last replay left no room for one more, even on the op path
+        assert len(session.table.sizes) <= 100
+        if len(session.table.sizes) == 100:  # the last replay left no room for one more, even on the op path
             _replies(session, ("op", "negative", (1,), (99_999,), {}))
             break
-    assert len(session.sizes) == 100 and 99_999 in session.unkept
-    assert session.runs_replayed > 90 and session.used == _held(session)
+    assert len(session.table.sizes) == 100 and 99_999 in session.table.unkept
+    assert session.runs_replayed > 90 and session.quota.used == _held(session)
 
 
 def test_graphs_count_their_ops_and_forget_gives_their_bytes_back():
@@ -133,29 +134,29 @@ def test_graphs_count_their_ops_and_forget_gives_their_bytes_back():
     session = _open(_host(max_session_bytes=quota))
     graph = _graph_bytes(2000)
     assert _replies(session, _chain(1, 2000), ("sync", 0)) == [("ok", 0)]
-    assert session.used == graph == 2048 + 256 * 2002  # its entry, and each op, input and output
+    assert session.quota.used == graph == 2048 + 256 * 2002  # its entry, and each op, input and output
     kept = 1 + (quota - graph - 2000 * GRAPH_COMPILE_BYTES) // graph  # each needs room to be compiled too
     for gid in range(2, 20):
         _replies(session, _chain(gid, 2000))
-    registered = [gid for gid, entry in session.graphs.items() if entry.error is None]
-    assert registered == list(range(1, kept + 1)) and session.used <= quota and session.used == _held(session)
+    registered = [gid for gid, entry in session.registered.graphs.items() if entry.error is None]
+    assert registered == list(range(1, kept + 1)) and session.quota.used <= quota and session.quota.used == _held(session)
     ((_, _, kind, message),) = _replies(session, ("run", 19, (5,), (6,)), ("get", 7, 6))
     assert kind == "ResourceLimitError" and message.startswith("graph: registering graph 19: ") and \
         f"quota of {quota} bytes" in message
     _replies(session, *(("forget", gid) for gid in range(1, 20)))
-    assert session.used == PER_ID and not session.graphs  # the run's failed output is all that is left
+    assert session.quota.used == PER_ID and not session.registered.graphs  # the run's failed output is all that is left
 
 
 def test_a_session_keeps_at_most_its_graphs_and_says_so_at_the_run():
     session = _open(_host(max_session_graphs=3))
     _replies(session, *(_chain(gid, 2) for gid in range(4)), ("put", 9, 0), segments=[np.ones(4)])
-    assert sorted(session.graphs) == [0, 1, 2] and session.used == 3 * _graph_bytes(2) + 32 + PER_ID
+    assert sorted(session.registered.graphs) == [0, 1, 2] and session.quota.used == 3 * _graph_bytes(2) + 32 + PER_ID
     refusal = ("ResourceLimitError", "graph: graph 3 is not kept: this session keeps 3 graphs, the peer's limit; "
                                      "forget some first")
     assert _replies(session, ("sync", 1), ("run", 3, (9,), (10,)), ("get", 2, 10)) == [("error", 1, *refusal),
                                                                                       ("error", 2, *refusal)]
     assert _replies(session, ("forget", 0), _chain(3, 2), ("run", 3, (9,), (11,)), ("get", 3, 11))[0][0] == "data"
-    assert sorted(session.graphs) == [1, 2, 3] and session.used == _held(session)
+    assert sorted(session.registered.graphs) == [1, 2, 3] and session.quota.used == _held(session)
 
 
 @pytest.mark.parametrize("gid", ["g" * (3 << 20), -1, True, 1.5, None, (1,)])
@@ -165,7 +166,7 @@ def test_graph_ids_are_non_negative_integers(gid):
     for message in (_chain(gid, 1), ("run", gid, (1,), (2,)), ("forget", gid)):
         with pytest.raises(ProtocolError, match=r"^graph ids are non-negative integers, got "):
             _send(session, message)
-    assert session.used == 0 and not session.graphs
+    assert session.quota.used == 0 and not session.registered.graphs
 
 
 def test_a_graph_past_the_op_limit_is_refused_before_it_is_built(monkeypatch):
@@ -175,11 +176,11 @@ def test_a_graph_past_the_op_limit_is_refused_before_it_is_built(monkeypatch):
     checked = []
     monkeypatch.setattr(peer_graphs, "check_records", lambda *args: checked.append(args) or [])
     _replies(session, _chain(1, 1001))
-    assert not checked and session.used == GRAPH_OVERHEAD  # its entry alone, so its runs say why
+    assert not checked and session.quota.used == GRAPH_OVERHEAD  # its entry alone, so its runs say why
     _replies(session, ("graph", 2, tuple((k, em.float64, (1,)) for k in range(1001)), (0,), (), ()),
              ("graph", 3, ((0, em.float64, (1,)),), (0,) * 1001, (), ()))
     assert not checked
-    assert [session.graphs[gid].error.message for gid in (1, 2, 3)] == [
+    assert [session.registered.graphs[gid].error.message for gid in (1, 2, 3)] == [
         "graph: 1001 ops in graph 1, more than the peer's limit of 1000 per graph",
         "graph: 1001 inputs in graph 2, more than the peer's limit of 1000 per graph",
         "graph: 1001 outputs in graph 3, more than the peer's limit of 1000 per graph"]
@@ -194,7 +195,7 @@ def test_the_default_op_limit_refuses_a_graph_of_110k_ops():
     ((_, _, kind, message),) = _replies(session, _chain(1, 110_000), ("run", 1, (2,), (3,)), ("get", 4, 3))
     assert (kind, message) == ("ResourceLimitError", "graph: 110000 ops in graph 1, more than the peer's limit of 65536 "
                                                      "per graph")
-    assert session.used == GRAPH_OVERHEAD + PER_ID  # the entry, and the run's failed output
+    assert session.quota.used == GRAPH_OVERHEAD + PER_ID  # the entry, and the run's failed output
 
 
 def test_what_a_session_learns_of_runs_is_counted_and_given_back():
@@ -205,11 +206,11 @@ def test_what_a_session_learns_of_runs_is_counted_and_given_back():
     for k, base in enumerate((10, 20, 30)):
         _replies(session, ("ops", base, (1,), blob))
         assert session.runs_bytes == len(blob) + RUN_OVERHEAD + (k > 0) * RUN_OP_BYTES * 2
-    assert session.runs_replayed == 1 and session.used == _held(session)
+    assert session.runs_replayed == 1 and session.quota.used == _held(session)
     for k in range(peer_session.KEPT_RUNS):  # as many other runs: the session forgets them all and starts again
         _replies(session, ("ops", 1000 + 10 * k, (1,), wire.pack(([("multiply", (-1, (float(k), "float64")), (0,), {})], []))))
         _replies(session, ("drop", (1000 + 10 * k,)))
-    assert len(session.runs) == 1 and session.used == _held(session)
+    assert len(session.runs) == 1 and session.quota.used == _held(session)
 
 
 # --- row 10: scratch and reply copies ---------------------------------------------------------------
@@ -224,7 +225,7 @@ def test_scratch_past_the_tensor_limit_is_refused_whatever_the_quota():
                                         ("get", 4, 3))
     assert (kind, message) == ("ResourceLimitError", "conv2d: its kernels need 200080152 bytes of scratch, more than the "
                                                      "peer's tensor limit of 1048576 bytes")
-    assert session.used == 3 * PER_ID + 16  # two inputs and the failed output
+    assert session.quota.used == 3 * PER_ID + 16  # two inputs and the failed output
     assert _replies(session, ("op", "conv2d", (1, 2), (5,), {"padding": 100}), ("shape", 6, (5,))) == [
         ("shapes", 6, ((1, 1, 201, 201),))]  # 320 kB of scratch: within the limit
     with em.capture() as cap:  # a graph's ops are held to it too
@@ -243,7 +244,7 @@ def test_reply_copies_count_against_the_quota_and_the_tensor_limit_and_a_reply_i
     session = _open(_host(memory=1 << 40, max_session_bytes=quota))
     _replies(session, ("put", 1, 0), *(("op", "permute_dims", (1,), (10 + k,), {"axes": (1, 0)}) for k in range(40)),
              segments=[np.ones((512, 256))])
-    assert session.used == held
+    assert session.quota.used == held
     replies, segments = _send(session, *(("get", k, 10 + k) for k in range(40)))
     copies = 10  # each copy is counted before it is made
     assert [r[0] for r in replies] == ["data"] * copies + ["error"] * (40 - copies)
@@ -252,7 +253,7 @@ def test_reply_copies_count_against_the_quota_and_the_tensor_limit_and_a_reply_i
                                                               f"in use)")
     assert session.replying == copies * MiB and len(segments) == copies
     _replies(session, ("sync", 0))
-    assert session.replying == 0 and session.used == held  # sent by the time the next frame came: given back
+    assert session.replying == 0 and session.quota.used == held  # sent by the time the next frame came: given back
     # a reply is one frame: past the limit the client holds it to, reads are refused, copies or not
     frames = _open(_host(memory=1 << 40, max_frame_bytes=8 * MiB + (64 << 20), max_header_bytes=64 << 20))
     _replies(frames, ("put", 1, 0), ("op", "permute_dims", (1,), (2,), {"axes": (1, 0)}), segments=[np.ones((512, 256))])
@@ -295,12 +296,12 @@ def test_idle_pool_buffers_go_after_a_while_and_at_once_when_no_session_is_open(
     for k, nbytes in enumerate(sizes):
         _replies(first, ("put", k, 0), segments=[np.ones(nbytes // 8)])
         _replies(first, ("drop", (k,)))  # in a frame of its own: the frame that brought it holds it no more
-    assert host.pool.total == sum(sizes) == host.budget.used - first.used - first.credit - second.credit
+    assert host.pool.total == sum(sizes) == host.budget.used - first.quota.used - first.quota.credit - second.quota.credit
     assert POOL_IDLE_SECONDS == 30 and host.pool.expire() == 0  # just released: kept
     _replies(first, ("put", 9, 0), segments=[np.ones(MiB // 8)])  # reused: the 1 MiB buffer leaves the pool
     assert host.pool.total == sum(sizes) - MiB
     assert host.pool.expire(time.monotonic() + POOL_IDLE_SECONDS + 1) == sum(sizes) - MiB and host.pool.total == 0
-    assert host.budget.used == first.used + first.credit + second.credit  # their bytes went back to the budget
+    assert host.budget.used == first.quota.used + first.quota.credit + second.quota.credit  # their bytes went back to the budget
     _replies(first, ("drop", (9,)))
     assert host.pool.total == MiB
     host.close(first)
@@ -488,11 +489,11 @@ def _messages(step, session, sessions, host) -> list:
 
 def _check(host: Host, sessions: list) -> None:
     budget = host.budget
-    assert budget.used == sum(s.used + s.credit for s in sessions) + host.pool.total
+    assert budget.used == sum(s.quota.used + s.quota.credit for s in sessions) + host.pool.total
     assert budget.used <= budget.limit
     for session in sessions:
-        assert session.used == _held(session) and not session._received
-        assert session.used <= session.limits.max_session_bytes
-        assert len(session.sizes) <= session.limits.max_session_tensors
-        assert len(session.graphs) <= session.limits.max_session_graphs
-        assert len(session.unkept) <= UNKEPT and len(session.unreported) <= 1
+        assert session.quota.used == _held(session) and not session.uploads.reserved
+        assert session.quota.used <= session.limits.max_session_bytes
+        assert len(session.table.sizes) <= session.limits.max_session_tensors
+        assert len(session.registered.graphs) <= session.limits.max_session_graphs
+        assert len(session.table.unkept) <= UNKEPT and len(session.table.unreported) <= 1

@@ -72,18 +72,18 @@ def test_uploads_past_the_session_quota_are_refused_and_the_session_keeps_the_re
     session = _open(_host(session_bytes=64 * MiB))
     block = np.ones(4 * MiB)  # 32 MiB
     assert _replies(session, ("put", 1, 0), ("sync", 0), segments=[block]) == [("ok", 0)]
-    assert session.used == 32 * MiB + PER_ID
+    assert session.quota.used == 32 * MiB + PER_ID
     # the second is declined while it is received: its bytes are read and dropped, not kept
     refused = ("error", 2, "ResourceLimitError", _quota("put of tensor 2", 32 * MiB + 8 + PER_ID, 32 * MiB + PER_ID))
     assert _replies(session, ("put", 2, 0), ("op", "negative", (2,), (3,), {}), ("get", 2, 2), ("get", 4, 3), ("sync", 5),
                     segments=[np.zeros(4 * MiB + 1)]) == [refused, ("error", 4, *refused[2:]), ("error", 5, *refused[2:])]
-    assert session.used == 32 * MiB + 3 * PER_ID and 2 not in session.metas  # 2 and 3 hold their failure
+    assert session.quota.used == 32 * MiB + 3 * PER_ID and 2 not in session.table.metas  # 2 and 3 hold their failure
     (data,), (total,) = _send(session, ("op", "sum", (1,), (5,), {}), ("get", 6, 5))
     assert data == ("data", 6, 0) and total == 4 * MiB  # the kept tensor works
     # a frame's tensors are counted as they arrive, before its messages run: a drop frees room for the next frame
     _replies(session, ("drop", (1,)))
     assert _replies(session, ("put", 7, 0), ("sync", 8), segments=[block]) == [("ok", 8)]
-    assert session.used == 32 * MiB + 8 + 4 * PER_ID
+    assert session.quota.used == 32 * MiB + 8 + 4 * PER_ID
 
 
 def test_a_peer_budget_is_shared_by_its_sessions():
@@ -117,7 +117,7 @@ def test_an_ops_outputs_and_its_kernels_scratch_are_counted_before_it_runs():
     _replies(session, ("put", 7, 0), segments=[mask])
     ((_, _, kind, message),) = _replies(session, ("op", "nonzero", (7,), (8,), {}), ("get", 9, 8))
     assert kind == "ResourceLimitError" and message.startswith(f"nonzero: {24 * MiB + PER_ID} more bytes would exceed")
-    assert session.used == 3 * MiB + 16 + 21 * 21 * 8 + 6 * PER_ID  # a refused op's outputs hold their failure alone
+    assert session.quota.used == 3 * MiB + 16 + 21 * 21 * 8 + 6 * PER_ID  # a refused op's outputs hold their failure alone
 
 
 def test_data_dependent_outputs_are_checked_against_the_tensor_limit_once_their_size_is_known():
@@ -167,14 +167,14 @@ def test_a_graph_counts_its_constants_while_registered_and_its_intermediates_whi
     session = _open(_host(session_bytes=24 * MiB))
     message = register_message(7, graph)
     _replies(session, message, ("put", 1, 1), segments=[*graph.constants.values(), np.ones(1024)])
-    assert session.used == 8 * MiB + _registered(message) + 8192 + PER_ID
+    assert session.quota.used == 8 * MiB + _registered(message) + 8192 + PER_ID
     (data,), segments = _send(session, ("run", 7, (1,), (2,)), ("get", 3, 2))
     assert data[0] == "data"
     ((_, _, kind, text),) = _replies(session, ("put", 4, 0), ("run", 7, (1,), (5,)), ("get", 6, 5),
                                      segments=[np.ones(1024 * 1024)])  # 8 MiB more: no room for big * a
     assert kind == "ResourceLimitError" and text.startswith("run of graph 7: ")
     _replies(session, ("forget", 7))
-    assert session.used == 8192 + 8 + 8 * MiB + 4 * PER_ID  # tensors 1, 2, 4 and 5 (its failure): the graph's went
+    assert session.quota.used == 8192 + 8 + 8 * MiB + 4 * PER_ID  # tensors 1, 2, 4 and 5 (its failure): the graph's went
 
 
 def test_idle_pool_buffers_count_against_the_budget_and_give_way_first():
@@ -223,9 +223,9 @@ def test_accounting_balances_whatever_two_sessions_do(first, second):
                 _send(session, ("get", 0, step[1]))
             else:
                 _send(session, ("drop", (step[1],)))
-            assert session.used == session.live_bytes() + session.replying  # all a session holds between frames
-            assert host.budget.used == sum(s.used + s.credit for s in sessions) + host.pool.total
-            assert session.used <= 3 * MiB and host.budget.used <= 5 * MiB
+            assert session.quota.used == session.table.live_bytes() + session.replying  # all a session holds between frames
+            assert host.budget.used == sum(s.quota.used + s.quota.credit for s in sessions) + host.pool.total
+            assert session.quota.used <= 3 * MiB and host.budget.used <= 5 * MiB
     for session in sessions:
         host.close(session)
     assert host.budget.used == host.pool.total
@@ -301,7 +301,7 @@ def test_a_tensor_that_arrives_already_received_is_counted_when_it_is_kept():
     replies = session.handle(Frame({"t": "batch", "m": (("put", 1, 0), ("get", 2, 1), ("sync", 3))}, [big]))
     refusal = _quota("put of tensor 1", MiB + 8 + PER_ID, 0, quota=MiB)
     assert replies[0][0]["m"] == [("error", 2, "ResourceLimitError", refusal), ("error", 3, "ResourceLimitError", refusal)]
-    assert session.used == PER_ID and 1 not in session.metas  # its id holds the refusal
+    assert session.quota.used == PER_ID and 1 not in session.table.metas  # its id holds the refusal
 
 
 def test_a_segment_declined_before_the_frame_came_is_refused_by_its_put():
@@ -346,10 +346,11 @@ def test_a_graphs_constants_count_while_it_is_registered_and_a_refused_graph_kee
     expected = np.pad(np.arange(16.0) * 1 + 2, 0).reshape(4, 4)
     padded = np.pad(expected, 1)
     np.testing.assert_array_equal(y[0, 0], [[padded[i:i + 3, j:j + 3].sum() for j in range(4)] for i in range(4)])
-    assert session.used == sum(c.nbytes for c in constants) + _registered(register) + 2 * (128 + PER_ID)
+    assert session.quota.used == sum(c.nbytes for c in constants) + _registered(register) + 2 * (128 + PER_ID)
     broken = register[:4] + ((("no_such_op", (0,), (99,), {}),), register[5])
     _send(session, broken, segments=constants)  # the same number, now refused: the old graph and its constants go
-    assert session.used == GRAPH_OVERHEAD + 2 * (128 + PER_ID) and session.graphs[7].error is not None  # its entry alone
+    assert session.quota.used == GRAPH_OVERHEAD + 2 * (128 + PER_ID)  # its entry alone
+    assert session.registered.graphs[7].error is not None
 
 
 def test_the_budget_holds_exactly_its_limit_and_a_pool_gives_way_largest_first_only_as_needed():
@@ -394,19 +395,20 @@ def test_a_session_keeps_a_little_credit_of_the_budget_and_gives_back_the_rest()
     host = _host(session_bytes=1 << 40, memory=64 * MiB)
     session = _open(host)
     session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(MiB)]))  # 1 MiB, nothing reserved
-    assert (session.used, session.credit, host.budget.used) == (MiB, CREDIT, MiB + CREDIT)
+    assert (session.quota.used, session.quota.credit, host.budget.used) == (MiB, CREDIT, MiB + CREDIT)
     session.handle(Frame({"t": "batch", "m": (("drop", (1,)),)}, []))
-    assert (session.used, session.credit, host.budget.used) == (0, 2 * CREDIT, 2 * CREDIT)  # at 2 credits: kept
+    assert (session.quota.used, session.quota.credit, host.budget.used) == (0, 2 * CREDIT, 2 * CREDIT)  # at 2 credits: kept
     session.handle(Frame({"t": "batch", "m": (("put", 2, 0), ("drop", (2,)))}, [_block(3 * MiB)]))
-    assert (session.used, session.credit, host.budget.used) == (0, CREDIT, CREDIT)  # past 2 credits: one is kept
+    assert (session.quota.used, session.quota.credit, host.budget.used) == (0, CREDIT, CREDIT)  # past 2 credits: one is kept
     tight = _host(session_bytes=1 << 40, memory=MiB + 4096)
     lean = _open(tight)
     lean.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(MiB)]))  # no room for a credit beside it
-    assert (lean.used, lean.credit, tight.budget.used) == (MiB, 0, MiB)
+    assert (lean.quota.used, lean.quota.credit, tight.budget.used) == (MiB, 0, MiB)
     lean.handle(Frame({"t": "batch", "m": (("put", 2, 0),)}, [_block(4096)]))  # 4 KiB: exactly the rest of the budget
-    assert (lean.used, tight.budget.used) == (MiB + 4096, MiB + 4096) and lean.metas[2].shape == ((4096 - PER_ID) // 8,)
+    assert (lean.quota.used, tight.budget.used) == (MiB + 4096, MiB + 4096)
+    assert lean.table.metas[2].shape == ((4096 - PER_ID) // 8,)
     tight.close(lean)
-    assert (lean.used, lean.credit, tight.budget.used) == (0, 0, tight.pool.total)
+    assert (lean.quota.used, lean.quota.credit, tight.budget.used) == (0, 0, tight.pool.total)
 
 
 def test_a_session_may_fill_its_quota_exactly():
@@ -419,11 +421,11 @@ def test_a_session_may_fill_its_quota_exactly():
 def test_a_frames_tensors_no_message_keeps_are_given_back_and_reads_follow_writes():
     session = _open(_host())
     assert _replies(session, ("sync", 1), segments=[np.ones(MiB // 8)]) == [("ok", 1)]  # a segment no put took
-    assert session.used == 0 and not session._received
+    assert session.quota.used == 0 and not session.uploads.reserved
     (first, second), (a, b) = _send(session, ("put", 1, 0), ("get", 2, 1), ("put", 1, 1), ("get", 3, 1),
                                     segments=[np.zeros(4), np.ones(4)])
     assert (first, second) == (("data", 2, 0), ("data", 3, 1)) and a.tolist() == [0.0] * 4 and b.tolist() == [1.0] * 4
-    assert session.used == 32 + PER_ID
+    assert session.quota.used == 32 + PER_ID
 
 
 def test_the_copies_of_two_tensors_in_one_reply_are_both_counted():
@@ -459,7 +461,7 @@ def test_a_declined_graph_constant_is_named_and_a_graph_may_fill_the_quota_exact
     # exactly the graph: its constant, what it keeps of its nodes, and what it holds while it is compiled
     session = _open(_host(session_bytes=8192 + _registered(register) + GRAPH_COMPILE_BYTES * len(register[4])))
     assert _replies(session, register, ("sync", 1), segments=list(graph.constants.values())) == [("ok", 1)]
-    assert session.used == 8192 + _registered(register)
+    assert session.quota.used == 8192 + _registered(register)
     session = _open(_host(session_bytes=8192 + PER_ID - 1))  # no room for the constant as it arrives
     ((_, _, kind, message), _) = _replies(session, register, ("put", 1, 1), ("run", 7, (1,), (2,)), ("get", 3, 2),
                                           ("sync", 4), segments=[*graph.constants.values(), np.ones(1)])
@@ -472,7 +474,7 @@ def test_credit_is_taken_for_what_is_missing_only():
     session = _open(host)
     session.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(MiB)]))
     session.handle(Frame({"t": "batch", "m": (("put", 2, 0),)}, [_block(3 * MiB)]))  # 2 MiB short of credit
-    assert (session.used, session.credit, host.budget.used) == (4 * MiB, CREDIT, 4 * MiB + CREDIT)
+    assert (session.quota.used, session.quota.credit, host.budget.used) == (4 * MiB, CREDIT, 4 * MiB + CREDIT)
 
 
 def test_outputs_written_over_live_tensors_give_their_bytes_back_whichever_path_stores_them():
@@ -482,8 +484,8 @@ def test_outputs_written_over_live_tensors_give_their_bytes_back_whichever_path_
     _replies(session, ("op", "eigh", (1,), (5, 0), {}))             # two outputs over live tensors
     mask = np.array([True, False, True])
     _replies(session, ("put", 7, 0), ("op", "nonzero", (7,), (0,), {}), segments=[mask])  # a data-dependent one at id 0
-    assert session.used == session.live_bytes() == 128 + 4 * 8 + 3 + 2 * 8 + 4 * PER_ID
-    assert session.metas[5].shape == (4,) and session.metas[0].shape == (2,)
+    assert session.quota.used == session.table.live_bytes() == 128 + 4 * 8 + 3 + 2 * 8 + 4 * PER_ID
+    assert session.table.metas[5].shape == (4,) and session.table.metas[0].shape == (2,)
 
 
 def test_a_put_after_a_read_of_another_tensor_in_the_same_batch():
@@ -510,19 +512,20 @@ def test_credit_at_its_edges():
     session = _open(host)
     for k in range(2):  # the second is exactly the credit left: it takes nothing more from the budget
         session.handle(Frame({"t": "batch", "m": (("put", k, 0),)}, [_block(MiB)]))
-    assert (session.used, session.credit, host.budget.used) == (2 * MiB, 0, 2 * MiB)
+    assert (session.quota.used, session.quota.credit, host.budget.used) == (2 * MiB, 0, 2 * MiB)
     tight = _host(session_bytes=1 << 40, memory=5 * MiB // 2)
     lean = _open(tight)
     for k, size in enumerate((MiB, MiB, MiB // 2)):  # the last finds no room for a credit beside it
         lean.handle(Frame({"t": "batch", "m": (("put", k, 0),)}, [_block(size)]))
-    assert (lean.used, lean.credit, tight.budget.used) == (5 * MiB // 2, 0, 5 * MiB // 2)
+    assert (lean.quota.used, lean.quota.credit, tight.budget.used) == (5 * MiB // 2, 0, 5 * MiB // 2)
     lean.handle(Frame({"t": "batch", "m": (("drop", (0, 1, 2)),)}, []))  # 2.5 MiB back: more than 2 credits, one kept
-    assert (lean.used, lean.credit, tight.budget.used) == (0, CREDIT, CREDIT)
+    assert (lean.quota.used, lean.quota.credit, tight.budget.used) == (0, CREDIT, CREDIT)
     short = _host(session_bytes=1 << 40, memory=3 * MiB)
     spare = _open(short)
     spare.handle(Frame({"t": "batch", "m": (("put", 0, 0),)}, [_block(MiB // 2)]))  # ½ MiB used, 1 MiB of credit
     spare.handle(Frame({"t": "batch", "m": (("put", 1, 0),)}, [_block(2 * MiB)]))  # 2 MiB: the credit and 1 MiB more
-    assert (spare.used, spare.credit, short.budget.used) == (5 * MiB // 2, 0, 5 * MiB // 2)  # (no room for a new credit)
+    # (no room for a new credit)
+    assert (spare.quota.used, spare.quota.credit, short.budget.used) == (5 * MiB // 2, 0, 5 * MiB // 2)
 
 
 def test_a_graph_run_may_fill_the_quota_exactly():
@@ -535,4 +538,4 @@ def test_a_graph_run_may_fill_the_quota_exactly():
     session = _open(_host(session_bytes=quota))
     assert _replies(session, register, ("put", 1, 0), ("run", 7, (1,), (2,)), ("sync", 3), segments=[np.ones(1024)]) \
         == [("ok", 3)]
-    assert session.used == quota and session.metas[2].shape == (1024,)
+    assert session.quota.used == quota and session.table.metas[2].shape == (1024,)

@@ -316,7 +316,7 @@ def test_a_fetch_naming_a_host_that_is_no_host_name_is_a_protocol_error():
     for odd in ("h\r\nSET k v", "a b", "x:y/z", "\x00", "é.example", ""):
         with pytest.raises(ProtocolError, match="^a fetch names the source peer as scheme, host, port and identity$"):
             session.handle(Frame({"t": "batch", "m": (_message(5, (1,), host=odd),)}, []))
-    assert not session.fetches and session.used == 0
+    assert not session.fetches and session.quota.used == 0
 
 
 # --- row 4: retries back off; one session's fetches open few connections --------------------------
@@ -401,7 +401,7 @@ def test_a_hundred_fetches_in_one_batch_open_at_most_four_connections_to_a_sourc
         # may count one more for a moment: it sees a shut connection close only when it reads it)
         assert in_use.most == fetching.LINKS_PER_SOURCE
         em.sync(b)
-        assert session.granted == 0 and session.used == session.live_bytes() + session.replying
+        assert session.table.granted == 0 and session.quota.used == session.table.live_bytes() + session.replying
         b.engine.close()
 
 
@@ -539,13 +539,14 @@ def test_a_dropped_or_overwritten_fetch_keeps_its_bytes_counted_until_its_worker
         assert job.begin(interrupt=functools.partial(interrupted.append, job.tid))
     _batch(session, ("drop", (5, 8)), ("op", "full", (), (6,), {"shape": (1,), "fill_value": 1.0, "dtype": em.float64}))
     assert interrupted == [5, 6]  # their connections are shut
-    assert session.granted == 32 + 16 and 5 not in session.sizes and _balanced(session)  # 5 and 6 run on; 8 never began
+    # 5 and 6 run on; 8 never began
+    assert session.table.granted == 32 + 16 and 5 not in session.table.sizes and _balanced(session)
     assert [job.cancelled for job in session.fetches] == [True, True, False, True]
     assert [job.over for job in session.fetches] == [False, False, False, True]
     running[0].end()
-    assert list(session.ended) == [32]
+    assert list(session.table.ended) == [32]
     session.handle(Frame({"t": "batch", "m": ()}, []))  # the next frame takes them back
-    assert session.granted == 16 and _balanced(session)
+    assert session.table.granted == 16 and _balanced(session)
     host.close(session)  # 6 and 7 still run: their bytes stay taken from the budget …
     assert host.budget.used == host.pool.total + 16 + 8 and interrupted == [5, 6, 7, 6]
     running[1].end()
@@ -652,7 +653,7 @@ def test_the_budget_balances_whatever_fetches_begin_end_and_are_dropped_written_
             session.handle(Frame({"t": "batch", "m": (("put", tid, 0),)}, [array]))
         else:
             session.handle(Frame({"t": "batch", "m": ()}, []))
-        assert _balanced(session) and session.used <= 8192
+        assert _balanced(session) and session.quota.used <= 8192
     if end_all:
         for job in session.fetches:
             if job.state == "running":

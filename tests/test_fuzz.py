@@ -69,9 +69,10 @@ def test_mutated_traffic_is_answered_or_refused_and_the_session_still_computes(t
         except ProtocolError:
             refused = True  # the shell closes this connection; nothing else may escape
             break
-    assert host.budget.used == session.used + session.credit + host.pool.total
-    assert session.used == session.live_bytes() + session.replying + sum(g.held for g in session.graphs.values()) + \
-        sum(session._received.values()) + session.runs_bytes
+    assert host.budget.used == session.quota.used + session.quota.credit + host.pool.total
+    graphs = sum(g.held for g in session.registered.graphs.values())
+    assert session.quota.used == session.table.live_bytes() + session.replying + graphs + \
+        sum(session.uploads.reserved.values()) + session.runs_bytes
     if not refused:  # what it kept still works beside new work
         x, fresh = np.arange(5.0), 10**9
         work = (("put", fresh, 0), ("op", "multiply", (fresh, (2.0, "float64")), (fresh + 1,), {}), ("get", 1, fresh + 1))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ember import dtypes as dt
 from ember.errors import ProtocolError
-from ember.remote.host import Host, hosted_devices
+from ember.remote.host import COUNTED, Host, hosted_devices
 from ember.remote.memory import RUN_OP_BYTES, RUN_OVERHEAD, TENSOR_OVERHEAD, BufferPool
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
@@ -52,7 +52,7 @@ def _replies(frames) -> list:
 def _requota(session, quota: int) -> None:
     """Give ``session`` another quota (a peer's limits are fixed: the op path's ceiling is set again by hand)."""
     session.limits = replace(session.limits, max_session_bytes=quota)
-    session._room()
+    session.quota.room()
 
 
 def test_handshake_opens_a_session_or_refuses_with_a_reason():
@@ -72,7 +72,7 @@ def test_handshake_opens_a_session_or_refuses_with_a_reason():
         host.open(Frame({"t": "batch", "m": ()}, []), BufferPool())
     assert len(host.registry.sessions) == 1
     host.close(session)
-    assert not host.registry.sessions and not session.tensors
+    assert not host.registry.sessions and not session.table.tensors
 
 
 def test_a_session_computes_reads_and_reports_deferred_errors():
@@ -117,7 +117,7 @@ def test_hostile_frames_are_answered_or_refused_and_the_session_still_computes(m
         assert all(isinstance(s, np.ndarray) for s in segments)
         wire.encode_frame(header, segments)  # every reply can be sent
     # whatever happened to ids 0..N, an untouched tensor and fresh work are fine
-    if 1000 in session.tensors:
+    if 1000 in session.table.tensors:
         (_, out), = _batch(session, ("op", "add", (1000, (1.0, "float64")), (5000,), {}), ("get", 1, 5000))
         np.testing.assert_array_equal(out[0], kept + 1)
 
@@ -126,7 +126,7 @@ def test_a_tensor_over_the_sessions_limit_is_refused_before_it_runs():
     session = _open(_host(Limits(max_tensor_bytes=1024)))
     _batch(session, ("put", 1, 0), segments=[np.ones(16)])
     _batch(session, ("op", "tile", (1,), (2,), {"repetitions": (100,)}))
-    assert 2 not in session.tensors or not isinstance(session.tensors[2], np.ndarray)  # nothing was allocated
+    assert 2 not in session.table.tensors or not isinstance(session.table.tensors[2], np.ndarray)  # nothing was allocated
     assert _replies(_batch(session, ("get", 3, 2))) == [
         ("error", 3, "ResourceLimitError",
          "tile: an output of shape (1600,) float64 exceeds the peer's tensor limit of 1024 bytes")]
@@ -241,7 +241,7 @@ def test_a_registered_graph_runs_with_its_constants_and_counts_its_ops():
                                            "session_used_bytes": held, "session_ops": 4,
                                            "session_runs_replayed": 0, "session_graphs": 1, "sessions": 1,
                                            "live_tensors": 3})
-    assert session.metas[4] == session.metas[2] and np.array_equal(session.tensors[4], y)
+    assert session.table.metas[4] == session.table.metas[2] and np.array_equal(session.table.tensors[4], y)
     # a kernel that fails inside a run poisons the run's outputs only, reported once
     assert _batch(session, ("put", 5, 0), ("run", 7, (5,), (6,)), segments=[np.zeros((2, 2))]) == []
     singular = ("ExecutionError", "inv: Singular matrix (inputs: (2, 2) float64)")
@@ -251,7 +251,7 @@ def test_a_registered_graph_runs_with_its_constants_and_counts_its_ops():
     assert _replies(_batch(session, ("run", 7, (1,), (13,)), ("get", 14, 13))) == [
         ("error", 14, "ExecutionError", "run: unknown graph 7")]
     session.close()
-    assert not session.graphs and not session.tensors and not session.metas
+    assert not session.registered.graphs and not session.table.tensors and not session.table.metas
 
 
 def test_a_registered_graph_is_compiled_as_a_local_jit_is():
@@ -263,9 +263,9 @@ def test_a_registered_graph_is_compiled_as_a_local_jit_is():
         cap.output(-((x * 2.0 + 1.0) * 3.0), "y")
     session = _open(_host())
     _batch(session, register_message(1, cap.graph), register_message(2, cap.graph))
-    plan = session.graphs[1].plan
+    plan = session.registered.graphs[1].plan
     assert [step[2] is None for step in plan.steps] == [False, True, True, True]  # in place after the first step
-    assert session.graphs_registered == 2
+    assert session.registered.graphs_registered == 2
     (_, (y,)), = _batch(session, ("put", 1, 0), ("run", 1, (1,), (2,)), ("get", 3, 2), segments=[np.ones(1000)])
     np.testing.assert_array_equal(y, np.full(1000, -9.0))
 
@@ -289,16 +289,17 @@ def test_a_registered_graph_reserves_the_op_paths_peak_not_every_intermediate():
     quota = _registered(register) + 3 * array  # the graph, the input, and the run's two arrays at once
     session = _open(_host(Limits(max_tensor_bytes=1 << 20, max_session_bytes=quota)))
     _batch(session, register, ("put", 1, 0), segments=[host])
-    assert session.graphs[1].need == 2 * array  # the need a run reserves
+    assert session.registered.graphs[1].need == 2 * array  # the need a run reserves
     (_, (y,)), = _batch(session, ("run", 1, (1,), (2,)), ("get", 3, 2))
     np.testing.assert_array_equal(y, expected)
-    assert session.used == session.live_bytes() + _registered(register) and session.live_bytes() == 2 * array
+    assert session.quota.used == session.table.live_bytes() + _registered(register) and session.table.live_bytes() == 2 * array
     _batch(session, ("drop", (2,)))
     _requota(session, quota - 1)
     (reply,) = _replies(_batch(session, ("run", 1, (1,), (4,)), ("get", 5, 4)))
     assert reply[2:] == ("ResourceLimitError", f"run of graph 1: {2 * array} more bytes would exceed this session's quota "
                                                f"of {quota - 1} bytes ({_registered(register) + array} in use)")
-    assert session.used == session.live_bytes() + _registered(register) and session.live_bytes() == array + PER_ID
+    assert session.quota.used == session.table.live_bytes() + _registered(register)
+    assert session.table.live_bytes() == array + PER_ID
 
 
 @pytest.mark.parametrize("run, kind, message", [
@@ -355,7 +356,7 @@ def test_a_graph_the_table_refuses_is_refused_at_every_run_and_the_session_serve
     graph, session = _captured(), _open(_host())
     _batch(session, register_message(7, graph, ops, outputs), register_message(8, graph), ("put", 1, 1),
            segments=[*graph.constants.values(), np.eye(2)])
-    assert 7 in session.graphs  # refused graphs are kept with their error, so each run reports it
+    assert 7 in session.registered.graphs  # refused graphs are kept with their error, so each run reports it
     for rid in (10, 20):
         replies = _replies(_batch(session, ("run", 7, (1,), (rid,) * len(outputs or (3,))), ("get", rid, rid),
                                   ("sync", rid + 1)))
@@ -374,7 +375,7 @@ def test_a_failed_op_poisons_what_depends_on_it_and_is_reported_once():
                            ("sync", 14), ("sync", 15), ("get", 16, 5))) == [
         ("error", 10, *unknown), ("error", 11, *unknown), ("error", 12, *unknown), ("error", 13, *missing),
         ("error", 14, *unknown), ("ok", 15), ("data", 16, 0)]
-    assert session.ops == 4 and 4 not in session.metas  # a failed output has no meta: it counts its id alone
+    assert session.ops == 4 and 4 not in session.table.metas  # a failed output has no meta: it counts its id alone
 
 
 def test_an_op_of_several_outputs_that_gives_one_keeps_it_as_it_is():
@@ -387,7 +388,7 @@ def test_an_op_of_several_outputs_that_gives_one_keeps_it_as_it_is():
     (header, (first, where)), = _batch(session, ("shape", 1, (2, 3)), ("get", 2, 2), ("get", 3, 3))
     assert header["m"] == [("shapes", 1, ((), (1,))), ("data", 2, 0), ("data", 3, 1)]
     assert first.shape == () and first == 7.0 and np.array_equal(where, [0])
-    assert session.live_bytes() == 8 + 8 + 8 + 3 * PER_ID
+    assert session.table.live_bytes() == 8 + 8 + 8 + 3 * PER_ID
 
 
 def test_an_id_read_dropped_and_written_again_in_one_batch_is_read_anew():
@@ -407,7 +408,7 @@ def test_a_data_dependent_op_of_one_output_is_sized_when_it_has_run():
     _batch(session, ("put", 1, 0), ("op", "unique_values", (1,), (2,), {}), segments=[x])
     (header, (values,)), = _batch(session, ("shape", 1, (2,)), ("get", 2, 2))
     assert header["m"] == [("shapes", 1, ((3,),)), ("data", 2, 0)]
-    assert sorted(values) == [1.0, 2.0, 3.0] and session.live_bytes() == x.nbytes + 3 * 8 + 2 * PER_ID
+    assert sorted(values) == [1.0, 2.0, 3.0] and session.table.live_bytes() == x.nbytes + 3 * 8 + 2 * PER_ID
 
 
 @pytest.mark.parametrize("dtype", ["uint16", "uint32"])
@@ -441,10 +442,10 @@ def test_defaults_fill_missing_attributes_and_data_dependent_shapes_are_read_on_
     (header, (total, mean)), = _batch(session, ("shape", 1, (2, 3, 4, 5)), ("get", 2, 2), ("get", 3, 5))
     assert header["m"] == [("shapes", 1, ((), (2,), (2,), (2,))), ("data", 2, 0), ("data", 3, 1)]
     assert total == 4.0 and np.array_equal(mean, [0.5, 1.5])
-    assert session.live_bytes() == x.nbytes + 8 + 2 * 8 + 2 * 8 + 16 + 5 * PER_ID
+    assert session.table.live_bytes() == x.nbytes + 8 + 2 * 8 + 2 * 8 + 16 + 5 * PER_ID
     _batch(session, ("drop", (1, 3, 999)))  # an unknown id is no error
-    assert sorted(session.tensors) == [2, 4, 5] and sorted(session.metas) == [2, 4, 5]
-    assert session.live_bytes() == 8 + 16 + 16 + 3 * PER_ID
+    assert sorted(session.table.tensors) == [2, 4, 5] and sorted(session.table.metas) == [2, 4, 5]
+    assert session.table.live_bytes() == 8 + 16 + 16 + 3 * PER_ID
 
 
 def test_the_registry_counts_every_open_session_and_forgets_closed_ones():
@@ -454,8 +455,20 @@ def test_the_registry_counts_every_open_session_and_forgets_closed_ones():
     _batch(second, ("put", 1, 0), segments=[np.ones(2)])
     assert host.registry.stats() == {"sessions": 2, "live_tensors": 3}
     host.close(first)
-    assert host.registry.stats() == {"sessions": 1, "live_tensors": 1} and not first.tensors
+    assert host.registry.stats() == {"sessions": 1, "live_tensors": 1} and not first.table.tensors
     assert _replies(_batch(second, ("get", 5, 1)))[0] == ("data", 5, 0)
+
+
+def test_a_session_counts_by_name_what_the_peer_sums_and_keeps_once_it_closed():
+    host = _host()
+    session = _open(host)
+    _batch(session, ("put", 1, 0), ("op", "negative", (1,), (2,), {}), ("get", 5, 2), segments=[np.ones(2)])
+    counted = session.counted()
+    assert tuple(counted) == COUNTED  # the status page's rows show them in this order
+    assert counted == {"ops": 1, "round_trips": 1, "bytes_in": 16, "bytes_out": 16, "graphs_registered": 0, "graph_runs": 0}
+    assert host.totals() == counted
+    host.close(session)
+    assert host.totals() == counted  # a closed session's counts stay in the peer's totals
 
 
 @pytest.mark.parametrize("token", ["s3cret", None])
@@ -639,7 +652,7 @@ def test_a_replay_reads_later_tensors_it_did_not_make_and_steps_aside_for_any_ou
     _batch(session, ("put", 42, 0), segments=[x + 100])  # the run at 40 would make 40, 41 and 42: 42 is in use
     _batch(session, ("put", 43, 0), segments=[later])
     _batch(session, _run(40, (9,), *records))
-    assert session.runs_replayed == 1 and session.used == session.live_bytes() + session.runs_bytes  # op by op
+    assert session.runs_replayed == 1 and session.quota.used == session.table.live_bytes() + session.runs_bytes  # op by op
     (_, (out,)), = _batch(session, ("get", 1, 42))
     np.testing.assert_array_equal(out, expected(x, later)[2])
     for _ in range(3):
@@ -653,7 +666,7 @@ def test_a_replay_reads_later_tensors_it_did_not_make_and_steps_aside_for_any_ou
     np.testing.assert_array_equal(out, np.sin(x * 2.0 + 1.0))
     plan = session.runs[_blob(chained, (0, 1))].plan
     assert any(type(item) is list for item in plan._program) and isinstance(plan, local.Plan)  # in place
-    assert session.runs_replayed == 3 and host.budget.used == session.used + session.credit + host.pool.total
+    assert session.runs_replayed == 3 and host.budget.used == session.quota.used + session.quota.credit + host.pool.total
     with pytest.raises(ProtocolError, match=r"^an ops message is \(base, inputs, blob\): the blob must be msgpack bytes$"):
         _batch(session, ("ops", 90, (9,), "not bytes"))
 
@@ -669,7 +682,8 @@ def test_a_run_seen_twice_is_compiled_then_replayed_with_the_op_paths_results():
         for k, expected in enumerate(_chain(x)):
             (_, (out,)), = _batch(session, ("get", 100 + k, base + k))
             np.testing.assert_array_equal(out, expected)
-            assert session.metas[base + k] == session.metas[10 + k] and session.sizes[base + k] == out.nbytes + PER_ID
+            metas, sizes = session.table.metas, session.table.sizes
+            assert metas[base + k] == metas[10 + k] and sizes[base + k] == out.nbytes + PER_ID
     assert session.ops == 16 and _replies(_batch(session, ("sync", 1))) == [("ok", 1)]
     # another input of the same shape and dtype: the plan; of another shape: op by op, the same results
     _batch(session, ("put", 2, 0), ("put", 3, 1), segments=[x + 1, np.arange(6.0)])
@@ -678,11 +692,11 @@ def test_a_run_seen_twice_is_compiled_then_replayed_with_the_op_paths_results():
         for k, expected in enumerate(_chain(host)):
             (_, (out,)), = _batch(session, ("get", 200 + k, base + k))
             np.testing.assert_array_equal(out, expected)
-            assert session.metas[base + k].shape == out.shape and session.sizes[base + k] == out.nbytes + PER_ID
+            assert session.table.metas[base + k].shape == out.shape and session.table.sizes[base + k] == out.nbytes + PER_ID
     assert session.runs_replayed == 3
     # outputs over tensors in use: op by op, each old tensor's bytes given back
     _batch(session, _run(40, (1,), *CHAIN))
-    assert session.runs_replayed == 3 and session.used == session.live_bytes() + session.runs_bytes
+    assert session.runs_replayed == 3 and session.quota.used == session.table.live_bytes() + session.runs_bytes
     # an output below 0: refused at every sighting, as the op path refuses it
     below = [("negative", (-1,), (-2,), {})]
     for base in (100, 110):
@@ -720,9 +734,9 @@ def test_outputs_a_run_let_go_are_never_stored_and_a_replay_reserves_only_the_op
     _batch(session, ("put", 1, 0), segments=[x])
     for sighting, base in enumerate((10, 20, 30, 40)):
         _batch(session, _run(base, (1,), *LINKS, let_go=range(7)))
-        assert set(session.tensors) == set(session.metas) == set(session.sizes) == {1, base + 7}
-        assert session.runs_replayed == max(0, sighting - 1) and session.live_bytes() == 2 * array
-        assert session.used == session.live_bytes() + session.runs_bytes and session.runs_bytes == (
+        assert set(session.table.tensors) == set(session.table.metas) == set(session.table.sizes) == {1, base + 7}
+        assert session.runs_replayed == max(0, sighting - 1) and session.table.live_bytes() == 2 * array
+        assert session.quota.used == session.table.live_bytes() + session.runs_bytes and session.runs_bytes == (
             learnt if sighting else learnt - RUN_OP_BYTES * len(LINKS))
         (_, (out,)), = _batch(session, ("get", 1, base + 7), ("drop", (base + 7,)))
         np.testing.assert_allclose(out, expected, rtol=1e-12)
@@ -730,8 +744,9 @@ def test_outputs_a_run_let_go_are_never_stored_and_a_replay_reserves_only_the_op
     # one byte less: the op path refuses the op that does not fit, and so does the plan (it runs op by op)
     _requota(session, quota - 1)
     _batch(session, _run(50, (1,), *LINKS, let_go=range(7)))
-    assert session.runs_replayed == 2 and set(session.tensors) == {1, 57} and set(session.metas) == {1}  # 57: its failure
-    assert session.used == session.live_bytes() + learnt and session.live_bytes() == array + PER_ID
+    assert session.runs_replayed == 2 and set(session.table.tensors) == {1, 57}  # 57: its failure
+    assert set(session.table.metas) == {1}
+    assert session.quota.used == session.table.live_bytes() + learnt and session.table.live_bytes() == array + PER_ID
     (reply,) = _replies(_batch(session, ("get", 1, 57)))
     assert reply[2:] == ("ResourceLimitError", f"sin: {array} more bytes would exceed this session's quota of {quota - 1} "
                                                f"bytes ({3 * array + learnt} in use)")
@@ -739,8 +754,8 @@ def test_outputs_a_run_let_go_are_never_stored_and_a_replay_reserves_only_the_op
     _requota(session, 1 << 20)
     for base in (60, 70, 80):
         _batch(session, _run(base, (1,), ("negative", (-1,), (0,), {}), ("sin", (-1,), (1,), {}), let_go=[0]))
-        assert set(session.metas) == {1, base + 1} and session.live_bytes() == 2 * array + PER_ID  # and 57's failure
-        assert session.used == session.live_bytes() + session.runs_bytes
+        assert set(session.table.metas) == {1, base + 1} and session.table.live_bytes() == 2 * array + PER_ID  # and 57's failure
+        assert session.quota.used == session.table.live_bytes() + session.runs_bytes
         _batch(session, ("drop", (base + 1,)))
     assert session.runs_replayed == 3
 
@@ -751,7 +766,7 @@ def test_outputs_a_run_let_go_are_never_stored_and_a_replay_reserves_only_the_op
     # dropped: unknown
     (lambda s: _batch(s, ("drop", (1,))), "ExecutionError", "multiply: unknown tensor id 1 (dropped, or from another session)"),
     # no room for the outputs: the op that does not fit is refused
-    (lambda s: _requota(s, s.used + 40 + 2 * PER_ID), "ResourceLimitError",
+    (lambda s: _requota(s, s.quota.used + 40 + 2 * PER_ID), "ResourceLimitError",
      f"sin: {32 + PER_ID} more bytes would exceed this session's quota"),
 ])
 def test_a_run_whose_plan_does_not_fit_runs_op_by_op_with_its_errors(spoil, kind, message):
@@ -764,7 +779,7 @@ def test_a_run_whose_plan_does_not_fit_runs_op_by_op_with_its_errors(spoil, kind
     assert session.runs_replayed == 0
     (reply,) = _replies(_batch(session, ("get", 7, 33)))
     assert reply[:3] == ("error", 7, kind) and reply[3].startswith(message), reply
-    assert session.live_bytes() == sum(session.sizes.values()) and session.used >= session.live_bytes()
+    assert session.table.live_bytes() == sum(session.table.sizes.values()) and session.quota.used >= session.table.live_bytes()
 
 
 def test_a_kernel_failing_inside_a_plan_leaves_nothing_and_the_op_path_reports_it():
@@ -773,11 +788,11 @@ def test_a_kernel_failing_inside_a_plan_leaves_nothing_and_the_op_path_reports_i
     _batch(session, ("put", 1, 0), ("put", 2, 1), segments=[np.eye(2) * 2, np.zeros((2, 2))])
     for base in (10, 20):
         _batch(session, _run(base, (1,), *inverse))
-    used = session.used
+    used = session.quota.used
     _batch(session, _run(30, (2,), *inverse))  # singular: the plan raises, the ops then run one by one
-    assert session.runs_replayed == 0 and 30 in session.tensors and 31 in session.tensors
+    assert session.runs_replayed == 0 and 30 in session.table.tensors and 31 in session.table.tensors
     assert _replies(_batch(session, ("sync", 1)))[0][2:] == ("ExecutionError", "inv: Singular matrix (inputs: (2, 2) float64)")
-    assert session.used == used + 2 * PER_ID  # the outputs failed: their ids alone are counted
+    assert session.quota.used == used + 2 * PER_ID  # the outputs failed: their ids alone are counted
     _batch(session, _run(40, (1,), *inverse))
     (_, (out,)), = _batch(session, ("get", 2, 41))
     np.testing.assert_array_equal(out, np.linalg.inv(np.eye(2) * 2) + 1)
@@ -859,8 +874,8 @@ def test_hostile_runs_are_run_or_refused_at_each_sighting_and_the_session_still_
                 wire.encode_frame(header, segments)
         except ProtocolError:
             pass
-        assert session.used >= session.live_bytes() >= 0
-    value = session.tensors.get(1000)
+        assert session.quota.used >= session.table.live_bytes() >= 0
+    value = session.table.tensors.get(1000)
     if type(value) is np.ndarray:  # whatever the runs wrote over, fresh work on a live tensor is right
         (_, out), = _batch(session, ("op", "add", (1000, (1.0, "float64")), (5000,), {}), ("get", 1, 5000))
         np.testing.assert_array_equal(out[0], value + 1)
@@ -869,9 +884,9 @@ def test_hostile_runs_are_run_or_refused_at_each_sighting_and_the_session_still_
 def test_a_failure_written_over_a_tensor_takes_its_place_and_its_bytes():
     session = _open(_host())
     _batch(session, ("put", 1, 0), ("op", "negative", (1,), (2,), {}), segments=[np.ones(4)])
-    assert session.live_bytes() == 64 + 2 * PER_ID
+    assert session.table.live_bytes() == 64 + 2 * PER_ID
     _batch(session, ("op", "no_such_op", (1,), (2,), {}))
-    assert session.live_bytes() == 32 + 2 * PER_ID and 2 not in session.metas
+    assert session.table.live_bytes() == 32 + 2 * PER_ID and 2 not in session.table.metas
     assert _replies(_batch(session, ("get", 3, 2)))[0] == ("error", 3, "ProtocolError", "unknown op 'no_such_op'")
 
 

@@ -163,7 +163,7 @@ def test_a_fetched_tensor_is_received_into_the_destinations_buffer_pool_and_its_
         del z
         em.sync(b)
         assert pool.total == 4 * MiB
-        assert budget.used == pool.total + sum(s.used + s.credit for s in dst.hosting.registry.sessions)
+        assert budget.used == pool.total + sum(s.quota.used + s.quota.credit for s in dst.hosting.registry.sessions)
         for d in (a, b):
             d.engine.close()
 
@@ -495,8 +495,8 @@ def _batch(session, *messages):
 
 def _balanced(session) -> bool:
     """Whether the session's quota counts exactly what it holds between frames (tests/test_accounting.py's sum)."""
-    return session.used == (session.live_bytes() + session.replying + session.granted + session.runs_bytes
-                            + sum(graph.held for graph in session.graphs.values()))
+    return session.quota.used == (session.table.live_bytes() + session.replying + session.table.granted + session.runs_bytes
+                            + sum(graph.held for graph in session.registered.graphs.values()))
 
 
 def test_a_grant_and_a_local_fetch_between_two_sessions():
@@ -505,14 +505,14 @@ def test_a_grant_and_a_local_fetch_between_two_sessions():
     capability = secrets.token_bytes(32)
     _batch(source, ("op", "full", (), (1,), {"shape": (4,), "fill_value": 2.5, "dtype": em.float64}),
            ("grant", 1, capability, destination.id), ("drop", (1,)))
-    assert source.granted == 32 and _balanced(source)  # the dropped tensor's bytes stay counted by its grant
+    assert source.table.granted == 32 and _balanced(source)  # the dropped tensor's bytes stay counted by its grant
     _batch(destination, ("fetch", 7, em.float64, (4,), "ember", "peer.example", 7878, capability, host.identity))
     (job,) = destination.fetches
-    assert job.local and destination.sizes[7] == 32 + O and _balanced(destination)
+    assert job.local and destination.table.sizes[7] == 32 + O and _balanced(destination)
     assert host.fetch_locally(job, final=False)
     ((_, rid, index),) = [r for r in _batch(destination, ("get", 3, 7))]
     _batch(source, ("sync", 4))
-    assert source.granted == 0 and source.used == 0 and _balanced(source)  # the grant ended: its bytes came back
+    assert source.table.granted == 0 and source.quota.used == 0 and _balanced(source)  # the grant ended: its bytes came back
     assert host.fetch_locally(Fetch(8, job.meta, "ember", "h", 1, capability, destination.id, True))
     assert _batch(destination, ("sync", 5)) == [("ok", 5)]  # nothing was waiting there
 
@@ -547,7 +547,7 @@ def test_grants_expire_end_with_their_session_and_are_forgotten_later():
     caps = [secrets.token_bytes(32) for _ in range(3)]
     _batch(owner, ("op", "full", (), (1,), {"shape": (8,), "fill_value": 1.0, "dtype": em.float64}),
            *[("grant", 1, c, other.id) for c in caps[:2]])
-    assert owner.granted == 128
+    assert owner.table.granted == 128
     now[0] = 10.0
     assert transfers.claim(caps[0], other.id) == "the capability expired (10 s after it was granted)"
     _batch(owner, ("grant", 1, caps[2], other.id))
@@ -584,7 +584,7 @@ def test_every_answer_to_a_fetch_frame_word_for_word(monkeypatch):
     _batch(owner, ("op", "full", (), (1,), {"shape": (2,), "fill_value": 1.5, "dtype": em.float64}),
            ("grant", 1, caps[0], reader.id), ("grant", 9, caps[1], reader.id),  # tensor 9 does not exist
            ("grant", 1, caps[2], reader.id), ("grant", 1, caps[3], reader.id))
-    assert owner.granted == 48  # three grants of tensor 1's 16 bytes; the failed one holds none
+    assert owner.table.granted == 48  # three grants of tensor 1's 16 bytes; the failed one holds none
 
     def answer(capability, final=True, **header):
         return host.answer_fetch(_fetch_frame(capability, reader.id, **header), final=final)
@@ -611,7 +611,7 @@ def test_every_answer_to_a_fetch_frame_word_for_word(monkeypatch):
     failure = RuntimeError("out of host memory")  # not an ember error: an ExecutionError for the fetching side
     assert answer(caps[3]) == _refusal("ExecutionError", "reading the granted tensor: out of host memory")
     _batch(owner, ("sync", 2))
-    assert owner.granted == 0 and _balanced(owner)  # every grant, failed or refused, gave its bytes back
+    assert owner.table.granted == 0 and _balanced(owner)  # every grant, failed or refused, gave its bytes back
 
 
 def test_every_outcome_of_a_fetch_between_sessions_of_one_peer_word_for_word():
@@ -641,7 +641,7 @@ def test_every_outcome_of_a_fetch_between_sessions_of_one_peer_word_for_word():
     over, job = fetch(caps[0])
     assert over and job.wait().tolist() == [1.5, 1.5]  # the native array itself
     _batch(owner, ("sync", 2))
-    assert owner.granted == 16 and _balanced(owner)  # the used grant gave its bytes back; the unclaimed one keeps its
+    assert owner.table.granted == 16 and _balanced(owner)  # the used grant gave its bytes back; the unclaimed one keeps its
 
 
 FULL = ("op", "full", (), (1,), {"shape": (2,), "fill_value": 1.5, "dtype": em.float64})  # tensor 1: 16 bytes
@@ -666,7 +666,7 @@ def test_every_malformed_grant_is_refused_word_for_word_at_its_boundaries():
     assert _refused(owner, _with(grant, 1, True)) == "tensor ids are non-negative integers, got True"
     _batch(owner, _with(grant, 3, "s" * 64), ("grant", 1, b"l" * 32, "t"), ("grant", 0, b"j" * 32, "t"))  # the longest and
     # shortest names; id 0
-    assert owner.granted == 32 and _balanced(owner)  # tensor 1 twice; id 0 holds nothing, a failure without bytes
+    assert owner.table.granted == 32 and _balanced(owner)  # tensor 1 twice; id 0 holds nothing, a failure without bytes
     assert _batch(owner, ("sync", 1)) == [("ok", 1)]
 
 
@@ -675,13 +675,14 @@ def test_a_grant_over_the_quota_or_of_a_capability_in_use_is_refused_and_named()
     host = _host(max_session_bytes=quota)
     owner, reader = _open(host), _open(host)
     _batch(owner, FULL, ("grant", 1, b"a" * 32, reader.id))  # (16 + O) + 16 bytes > quota: refused, the tensor lives on
-    assert owner.granted == 0 and owner.used == 16 + O and _balanced(owner)
+    assert owner.table.granted == 0 and owner.quota.used == 16 + O and _balanced(owner)
     assert host.answer_fetch(_fetch_frame(b"a" * 32, reader.id)) == _refusal(
         "ResourceLimitError", f"grant of tensor 1: 16 more bytes would exceed this session's quota of {quota} bytes "
                               f"({16 + O} in use)")
     _batch(owner, ("drop", (1,)), ("op", "full", (), (2,), {"shape": (1,), "fill_value": 1.0, "dtype": em.float64}),
            ("grant", 2, b"b" * 32, reader.id), ("grant", 2, b"b" * 32, reader.id))  # the second presents it again
-    assert owner.granted == 8 and owner.used == 16 + O and _balanced(owner)  # the refused second gave its 8 bytes back
+    # the refused second gave its 8 bytes back
+    assert owner.table.granted == 8 and owner.quota.used == 16 + O and _balanced(owner)
     assert _batch(owner, ("sync", 3)) == [("error", 3, "ResourceLimitError", "grant: this capability was granted "
                                                                               "already; draw a new one for each transfer")]
 
@@ -705,7 +706,7 @@ def test_every_malformed_fetch_is_refused_word_for_word_at_its_boundaries():
            _fetch_message(7, (), b"e" * 32, ("embers", "h", 1), ""))  # every boundary accepted
     assert [(job.tid, job.source, job.meta.shape) for job in session.fetches] == [
         (5, "ember://peer.example:7878", (1,) * 64), (6, f"wss://{'h' * 255}:65535", (0, 2)), (7, "embers://h:1", ())]
-    assert session.sizes == {5: 8 + O, 6: O, 7: 8 + O} and _balanced(session)
+    assert session.table.sizes == {5: 8 + O, 6: O, 7: 8 + O} and _balanced(session)
 
 
 def test_a_fetch_over_a_limit_is_refused_at_its_first_use_naming_the_transfer():
@@ -715,7 +716,7 @@ def test_a_fetch_over_a_limit_is_refused_at_its_first_use_naming_the_transfer():
     _batch(session, *(_fetch_message(tid, shape, bytes([tid]) * 32, ELSEWHERE, "other peer")
                       for tid, shape in [(1, (3,)), (2, (2,)), (3, (2,)), (4, (2,))]))
     assert [job.tid for job in session.fetches] == [2, 3]  # 1 is too large, 4 finds the quota full
-    assert session.used == 4 * O + 32 and _balanced(session)
+    assert session.quota.used == 4 * O + 32 and _balanced(session)
     assert _batch(session, ("get", 1, 1), ("get", 2, 4)) == [
         ("error", 1, "ResourceLimitError", "transfer from ember://peer.example:7878: an output of shape (3,) float64 "
                                            "exceeds the peer's tensor limit of 16 bytes"),
@@ -743,7 +744,8 @@ def test_a_fetch_into_an_id_in_use_replaces_its_tensor():
     host = _host()
     session = _open(host)
     _batch(session, ("op", "full", (), (5,), {"shape": (4,), "fill_value": 1.0, "dtype": em.float64}), FETCH)
-    assert 5 not in session.tensors and session.sizes[5] == 16 + O and session.used == 16 + O and _balanced(session)
+    assert 5 not in session.table.tensors and session.table.sizes[5] == 16 + O
+    assert session.quota.used == 16 + O and _balanced(session)
     (job,) = session.fetches
     job.receive(Frame({"t": "tensor"}, [np.array([3.0, 4.0])]))
     assert _batch(session, ("shape", 1, (5,)), ("get", 2, 5))[0] == ("shapes", 1, ((2,),))
@@ -767,9 +769,9 @@ def test_every_path_that_reads_a_fetched_tensor_waits_for_its_fetch():
     gid = 1
     _batch(session, ("graph", gid, ((0, em.float64, (1,)),), (1,), (("negative", (0,), (1,), {}),), ()),
            ("run", gid, (7,), (9,)))
-    assert [r[0] for r in _batch(session, ("get", 2, 9))] == ["data"] and session.graph_runs == 1
+    assert [r[0] for r in _batch(session, ("get", 2, 9))] == ["data"] and session.registered.graph_runs == 1
     _fetch_into(session, [6.0])  # tensor 5 again: a sync settles it
-    assert _batch(session, ("sync", 3)) == [("ok", 3)] and not session.incoming and 5 in session.tensors
+    assert _batch(session, ("sync", 3)) == [("ok", 3)] and not session.table.incoming and 5 in session.table.tensors
 
 
 def test_a_fetched_tensor_that_cannot_be_kept_is_poisoned_naming_the_transfer(monkeypatch):
@@ -805,7 +807,7 @@ def test_unknown_ids_are_refused_while_fetches_are_running():
         ("error", 3, "ExecutionError", f"run: {unknown}")]
     _batch(session, ("op", "full", (), (8,), {"shape": (1,), "fill_value": 1.0, "dtype": em.float64}),
            ("op", "full", (), (8,), {"shape": (2,), "fill_value": 2.0, "dtype": em.float64}))  # 8 written again
-    assert 5 in session.incoming and session.sizes[8] == 16 + O and _balanced(session)
+    assert 5 in session.table.incoming and session.table.sizes[8] == 16 + O and _balanced(session)
 
 
 def test_dropping_or_overwriting_a_tensor_being_fetched_forgets_its_fetch():
@@ -814,7 +816,7 @@ def test_dropping_or_overwriting_a_tensor_being_fetched_forgets_its_fetch():
     _fetch_into(session, [1.0], [2.0], [3.0])
     _batch(session, ("drop", (5,)), ("op", "full", (), (6,), {"shape": (1,), "fill_value": 9.0, "dtype": em.float64}),
            ("op", "reshape", (6,), (7,), {"shape": (2,)}))  # refused (1 element into 2): a failure stored as 7
-    assert not session.incoming and 5 not in session.tensors and _balanced(session)
+    assert not session.table.incoming and 5 not in session.table.tensors and _balanced(session)
     assert _batch(session, ("get", 1, 6))[0][0] == "data" and _batch(session, ("get", 2, 7))[0][:3] == ("error", 2,
                                                                                                       "ShapeError")
 

@@ -33,7 +33,7 @@ log = logging.getLogger("ember.serve")
 
 MIN_KEEPALIVE = 0.05  # seconds: the shortest interval between "alive" frames a client may ask for
 HISTORY = 150       # throughput samples a host keeps (five minutes, one every two seconds)
-#: a session's counters that only grow, and that the peer's totals sum over its sessions
+#: a session's counters that only grow (Session.counted), and that the peer's totals sum over its sessions
 COUNTED = ("ops", "round_trips", "bytes_in", "bytes_out", "graphs_registered", "graph_runs")
 
 
@@ -88,7 +88,7 @@ class Registry:
     def stats(self) -> dict:
         with self.lock:
             sessions = list(self.sessions)
-        return {"sessions": len(sessions), "live_tensors": sum(len(s.tensors) for s in sessions)}
+        return {"sessions": len(sessions), "live_tensors": sum(len(s.table.tensors) for s in sessions)}
 
 
 class Host:
@@ -127,8 +127,7 @@ class Host:
             with self.watch_lock:
                 totals = Counter(self.retired)
             for session in self.registry.sessions:
-                for name in COUNTED:
-                    totals[name] += getattr(session, name)
+                totals.update(session.counted())
         return {name: totals[name] for name in COUNTED}
 
     def sample(self, now: float) -> None:
@@ -259,8 +258,7 @@ class Host:
         with self.registry.lock:
             if session in self.registry.sessions:  # its counters stay in the peer's totals
                 with self.watch_lock:
-                    for name in COUNTED:
-                        self.retired[name] += getattr(session, name)
+                    self.retired.update(session.counted())
                     self.errors.update(session.errors)
                     self.recent.extend((when, session.client, kind, message) for when, kind, message in session.recent)
             self.registry.sessions.discard(session)

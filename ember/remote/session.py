@@ -37,14 +37,6 @@ from .uploads import Uploads
 Reply = tuple  # (header, segments): one frame to send
 RECENT_ERRORS = 20  # the failures a session (and a host) remembers for the status page
 KEPT_CHARACTERS = 1000  # of a remembered failure's message (the status shows 300 characters)
-#: what the status page and tests read of a session that one of its parts holds: the part (and its
-#: name for it, where it has another); ``_room`` sets the fast path's ceiling again after the limits changed
-HELD_BY = {
-    **dict.fromkeys(("tensors", "metas", "sizes", "incoming", "unkept", "unreported", "granted", "ended", "live_bytes"),
-                    "table"),
-    "used": "quota", "credit": "quota", "_room": "quota.room", "_received": "uploads.reserved",
-    **dict.fromkeys(("graphs", "graphs_registered", "graph_runs"), "registered"),
-}
 
 
 class Session:
@@ -88,16 +80,15 @@ class Session:
         self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
         self._outgoing = 0  # bytes of the segments of the reply being built (a reply is one frame)
 
-    def __getattr__(self, name: str):
-        """What the status page and tests read of the session's parts (``session.tensors`` is its
-        table's, ``session.used`` its quota's: :data:`HELD_BY`); only names not found otherwise come here."""
-        held = HELD_BY.get(name)
-        if held is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        part, _, attribute = held.partition(".")
-        return getattr(getattr(self, part), attribute or name)
-
     limits = property(lambda self: self.quota.limits, lambda self, limits: setattr(self.quota, "limits", limits))
+
+    def counted(self) -> dict[str, int]:
+        """The session's counters that only grow, by name (``host.COUNTED``, in its order): the
+        peer's status page shows them per session, and the host's totals sum them."""
+        registered = self.registered
+        return {"ops": self.ops, "round_trips": self.round_trips, "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out, "graphs_registered": registered.graphs_registered,
+                "graph_runs": registered.graph_runs}
 
     def close(self) -> None:
         self.table.close()

@@ -46,7 +46,8 @@ def snapshot(host: Host, now: float, viewer: Viewer | None = None) -> dict:
     everyone = viewer.sees_all
     with host.registry.lock:  # one view: a closing session moves its counts into the host's under this lock
         sessions = sorted((s for s in host.registry.sessions if everyone or s.client == viewer.name), key=lambda s: s.opened)
-        totals = host.totals() if everyone else {name: sum(getattr(s, name) for s in sessions) for name in COUNTED}
+        counts = [s.counted() for s in sessions]  # read once, under the lock: the rows, and a client's own totals their sum
+        totals = host.totals() if everyone else {name: sum(c[name] for c in counts) for name in COUNTED}
         with host.watch_lock:  # copies: the host's and the sessions' threads go on changing them
             errors, recent, history = host.errors.copy(), list(host.recent), [*host.history, (now, totals)]
         copies = []
@@ -57,14 +58,14 @@ def snapshot(host: Host, now: float, viewer: Viewer | None = None) -> dict:
         recent = [entry for entry in recent if entry[1] == viewer.name]
         errors, history = Counter(), []
     rows = []
-    for session, (session_errors, session_recent) in zip(sessions, copies):
+    for session, counted, (session_errors, session_recent) in zip(sessions, counts, copies):
         errors.update(session_errors)
         recent += [(when, session.client, kind, message) for when, kind, message in session_recent]
         last = session_recent[-1] if session_recent else None
         rows.append({
             "session": session.id[:8], "client": session.client, "address": session.address, "device": session.device,
-            "age_seconds": round(now - session.opened, 3), "live_tensors": len(session.tensors),
-            "live_bytes": session.used, **{name: getattr(session, name) for name in COUNTED},
+            "age_seconds": round(now - session.opened, 3), "live_tensors": len(session.table.tensors),
+            "live_bytes": session.quota.used, **counted,
             "errors": dict(session_errors),
             "last_error": None if last is None else {"kind": last[1], "message": _clip(last[2])},
         })
