@@ -15,6 +15,7 @@ the pool.
 from __future__ import annotations
 
 import gc
+import re
 import time
 from dataclasses import replace
 
@@ -164,7 +165,8 @@ def test_graph_ids_are_non_negative_integers(gid):
     """Was: 40 graph ids of 3 MB strings took +110 MB, uncounted."""
     session = _open(_host())
     for message in (_chain(gid, 1), ("run", gid, (1,), (2,)), ("forget", gid)):
-        with pytest.raises(ProtocolError, match=r"^graph ids are non-negative integers, got "):
+        with pytest.raises(ProtocolError, match=rf"^the '{message[0]}' message's gid must be a non-negative integer, "
+                                                rf"got {re.escape(repr(gid)[:40])}$"):
             _send(session, message)
     assert session.quota.used == 0 and not session.registered.graphs
 

@@ -92,15 +92,13 @@ FIELDS = st.recursive(st.one_of(st.none(), st.integers(-2, 4), st.text(max_size=
                       lambda inner: st.tuples(inner, inner, inner) | st.tuples(inner, inner), max_leaves=8)
 
 
-@given(gid=st.one_of(st.integers(-1, 3), st.text(max_size=2)), fields=st.lists(FIELDS, min_size=4, max_size=4),
-       run=st.tuples(FIELDS, FIELDS))
+@given(gid=st.integers(0, 3), fields=st.lists(FIELDS, min_size=4, max_size=4), run=st.tuples(FIELDS, FIELDS))
 def test_hostile_graph_fields_are_refused_and_leave_the_quota_counted(gid, fields, run):
+    """Whatever the lists hold (a graph id's type is the message's parse's to check: test_session), a graph is
+    kept or refused with its bytes counted."""
     graphs, table, uploads = _graphs()
     table.store(0, np.arange(3.0), Meta((3,), dt.float64), False)
-    try:
-        graphs.register(gid, *fields, [], uploads)
-    except ProtocolError as error:
-        assert str(error).startswith("graph ids are non-negative integers")
+    graphs.register(gid, *fields, [], uploads)
     assert _balanced(graphs, table)
     try:
         graphs.run(gid, *run)

@@ -20,6 +20,8 @@ from ember import dtypes as dt
 from ember.errors import ProtocolError
 from ember.remote.host import COUNTED, Host, hosted_devices
 from ember.remote.memory import RUN_OP_BYTES, RUN_OVERHEAD, TENSOR_OVERHEAD, BufferPool
+from ember.remote.session import Session
+from ember.wire import messages
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
@@ -115,6 +117,7 @@ def test_hostile_frames_are_answered_or_refused_and_the_session_still_computes(m
     for header, segments in replies:
         assert header["t"] == "reply" and isinstance(header["m"], list)
         assert all(isinstance(s, np.ndarray) for s in segments)
+        assert all(type(messages.parse_reply(m)) is type(m) for m in header["m"])  # each a reply record, well formed
         wire.encode_frame(header, segments)  # every reply can be sent
     # whatever happened to ids 0..N, an untouched tensor and fresh work are fine
     if 1000 in session.table.tensors:
@@ -173,15 +176,15 @@ def test_each_refusal_says_exactly_why(header, kind, reason):
     ((), "malformed message ()"),
     ((1, 2), "malformed message (1, 2)"),
     (("bogus",), "unknown message type 'bogus'"),
-    (("get", 1), "malformed 'get' message: not enough values to unpack (expected 2, got 1)"),
-    (("op", "add", (1,)), "malformed 'op' message: not enough values to unpack (expected 5, got 3)"),
+    (("get", 1), "the 'get' message is [kind, rid, id], got 2 items"),
+    (("op", "add", (1,)), "the 'op' message is [kind, name, inputs, outputs, attrs], got 3 items"),
     (("op", "negative", (1,), (-1,), {}), "tensor ids are non-negative integers, got -1"),
     (("op", "negative", (1,), (True,), {}), "tensor ids are non-negative integers, got True"),
     (("op", "no_such_op", (1,), (-1,), {}), "tensor ids are non-negative integers, got -1"),  # a failure's outputs too
     (("op", "no_such_op", (1,), (False,), {}), "tensor ids are non-negative integers, got False"),
-    (("op", "negative", (1,), 2, {}), "an op message is (name, inputs, outputs, attrs)"),
-    (("op", "negative", 1, (2,), {}), "an op message is (name, inputs, outputs, attrs)"),
-    (("op", "negative", (1,), (2,), ()), "an op message is (name, inputs, outputs, attrs)"),
+    (("op", "negative", (1,), 2, {}), "the 'op' message's outputs must be a list, got 2"),
+    (("op", "negative", 1, (2,), {}), "the 'op' message's inputs must be a list, got 1"),
+    (("op", "negative", (1,), (2,), ()), "the 'op' message's attrs must be a map, got ()"),
     (("op", "add", (1, (1.0, "float99")), (2,), {}), "add: malformed literal input (1.0, 'float99')"),
     (("op", "add", (1, (1.0, {"float64": 1})), (2,), {}), "add: malformed literal input (1.0, {'float64': 1})"),
     (("op", "add", (1, (1.0,)), (2,), {}), "add: malformed literal input (1.0,)"),
@@ -195,6 +198,64 @@ def test_a_malformed_message_is_refused_naming_it(message, refusal):
     with pytest.raises(ProtocolError) as refused:
         _batch(session, message)
     assert str(refused.value) == refusal
+
+
+# one well-formed message of each kind a client sends; each field the tests below spoil is checked by its record's type
+WELL_FORMED = {messages.Op: ("op", "add", (1, 1), (2,), {}), messages.Ops: ("ops", 10, (1,), wire.pack(([], []))),
+               messages.Put: ("put", 1, 0), messages.Get: ("get", 1, 1), messages.Shape: ("shape", 1, (1,)),
+               messages.Sync: ("sync", 1), messages.Drop: ("drop", (1,)), messages.Stats: ("stats", 1),
+               messages.Graph: ("graph", 7, (), (), (), ()), messages.RunGraph: ("run", 7, (), ()),
+               messages.Forget: ("forget", 7), messages.Grant: ("grant", 1, b"k" * 32, "s"),
+               messages.Fetch: ("fetch", 5, dt.float64, (2,), "ember", "peer.example", 7878, b"c" * 32, "other")}
+ADMITS = {"Id": lambda v: type(v) is int and v >= 0, "int": lambda v: type(v) is int, "str": lambda v: type(v) is str,
+          "bytes": lambda v: type(v) is bytes, "tuple": lambda v: type(v) is tuple, "dict": lambda v: type(v) is dict}
+
+
+def _checked(record) -> list[tuple[int, str, str]]:
+    """(index, name, annotation) of each field of ``record`` whose type its annotation names (its kind aside)."""
+    declared = next(vars(k)["__annotations__"] for k in record.__mro__ if vars(k).get("__annotations__"))
+    notes = [getattr(note, "__forward_arg__", note) for note in declared.values()]  # as written
+    return [(index, name, note) for index, (name, note) in enumerate(zip(record._fields, notes)) if index and note in ADMITS]
+
+
+def test_every_kind_a_client_sends_has_a_handler_and_a_well_formed_message_here():
+    assert set(Session._HANDLERS) | {messages.Op} == set(messages.REQUESTS.values()) == set(WELL_FORMED)
+    for record, message in WELL_FORMED.items():  # ops go straight to the op path, before parse: never to a handler
+        assert type(messages.parse(message)) is record and all(ADMITS[n](message[i]) for i, _, n in _checked(record))
+        assert messages.Op not in Session._HANDLERS and _checked(record), record
+
+
+SPOILERS = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False), st.text(max_size=3),
+                     st.binary(max_size=3), st.tuples(), st.tuples(st.integers(0, 3)), st.dictionaries(st.text(max_size=2),
+                                                                                                     st.integers(), max_size=1),
+                     st.just(dt.float64), st.just([1]))
+
+
+@given(data=st.data(), record=st.sampled_from(sorted(WELL_FORMED, key=lambda r: r.KIND)))
+def test_a_message_with_a_field_of_the_wrong_type_is_refused_naming_the_field(data, record):
+    """Each field whose type the record declares, spoilt, closes the connection with a ProtocolError naming the
+    message's kind, the field and the value: an ``op`` on its inline path as every other kind through parse."""
+    index, field, note = data.draw(st.sampled_from(_checked(record)))
+    value = data.draw(SPOILERS.filter(lambda v: not ADMITS[note](v)))
+    message = (*WELL_FORMED[record][:index], value, *WELL_FORMED[record][index + 1:])
+    session = _open(_host())
+    with pytest.raises(ProtocolError) as refused:
+        _batch(session, ("put", 1, 0), message, segments=[np.ones(3)])
+    refusal = str(refused.value)
+    assert refusal.startswith(f"the {record.KIND!r} message's {field} must be ") and refusal.endswith(f", got {value!r:.40}")
+    assert refusal == str(pytest.raises(ProtocolError, messages.parse, message).value)  # the record's own words
+
+
+@given(record=st.sampled_from(sorted(WELL_FORMED, key=lambda r: r.KIND)), cut=st.integers(-3, 2))
+def test_a_message_of_the_wrong_length_is_refused_naming_its_fields(record, cut):
+    well_formed = WELL_FORMED[record]
+    message = well_formed[:len(well_formed) + cut] if cut < 0 else well_formed + (0,) * (cut + 1)
+    if len(message) < 2:
+        message = (well_formed[0],)
+    session = _open(_host())
+    with pytest.raises(ProtocolError) as refused:
+        _batch(session, message)
+    assert str(refused.value) == f"the {record.KIND!r} message is [{', '.join(record._fields)}], got {len(message)} items"
 
 
 def test_frames_a_session_answers_without_replies_and_one_it_refuses():
@@ -553,9 +614,10 @@ def test_single_ops_take_literals_anywhere_unknown_references_fail_and_id_0_is_a
         ("error", 5, "ExecutionError", "negative: unknown tensor id '1' (dropped, or from another session)")]
     (_, (out,)), = _batch(session, ("get", 6, 0))
     np.testing.assert_array_equal(out, [10.0, 9.0, 8.0])
-    assert _replies(_batch(session, ("get", 7, {"not": "an id"}), ("shape", 8, ((1,),)))) == [
-        ("error", 7, "ExecutionError", "unknown tensor id {'not': 'an id'} (dropped, or from another session)"),
+    assert _replies(_batch(session, ("shape", 8, ((1,),)))) == [  # an id in a list names no tensor: an error reply
         ("error", 8, "ExecutionError", "unknown tensor id (1,) (dropped, or from another session)")]
+    with pytest.raises(ProtocolError, match=r"^the 'get' message's id must be a non-negative integer, got \{'not': 'an id'\}$"):
+        _batch(session, ("get", 7, {"not": "an id"}))  # the message's own field: a malformed message
 
 
 def test_a_peer_keeps_literals_converted_and_tells_zeros_and_dtypes_apart():
@@ -667,7 +729,7 @@ def test_a_replay_reads_later_tensors_it_did_not_make_and_steps_aside_for_any_ou
     plan = session.runs[_blob(chained, (0, 1))].plan
     assert any(type(item) is list for item in plan._program) and isinstance(plan, local.Plan)  # in place
     assert session.runs_replayed == 3 and host.budget.used == session.quota.used + session.quota.credit + host.pool.total
-    with pytest.raises(ProtocolError, match=r"^an ops message is \(base, inputs, blob\): the blob must be msgpack bytes$"):
+    with pytest.raises(ProtocolError, match=r"^the 'ops' message's blob must be bytes, got 'not bytes'$"):
         _batch(session, ("ops", 90, (9,), "not bytes"))
 
 
@@ -828,9 +890,9 @@ def test_runs_the_plan_cannot_take_are_never_compiled_and_sightings_are_bounded(
 
 
 @pytest.mark.parametrize("message, refusal", [
-    (("ops", "10", (1,), _blob([])), "an ops message is (base, inputs, blob)"),
-    (("ops", 10, [1], _blob([])), "an ops message is (base, inputs, blob)"),
-    (("ops", 10, (1,), "not bytes"), "the blob must be msgpack bytes"),
+    (("ops", "10", (1,), _blob([])), "the 'ops' message's base must be an integer, got '10'"),
+    (("ops", 10, [1], _blob([])), "the 'ops' message's inputs must be a list, got [1]"),
+    (("ops", 10, (1,), "not bytes"), "the 'ops' message's blob must be bytes, got 'not bytes'"),
     (("ops", 10, (1,), b"\xc1"), "malformed header"),
     (("ops", 10, (1,), wire.pack([])), "a run's blob is (records, outputs let go), got ()"),
     (("ops", 10, (1,), wire.pack([[], [], []])), "a run's blob is (records, outputs let go)"),
@@ -840,7 +902,7 @@ def test_runs_the_plan_cannot_take_are_never_compiled_and_sightings_are_bounded(
     (("ops", 10, (1,), _blob([("sin", (-1,), (0,), {})], [-1])), "a run's output let go, -1, is not one of its records'"),
     (("ops", 10, (1,), _blob([("sin", (-1,), (0,), {})], [True])), "a run's output let go, True, is not one of its records'"),
     (("ops", 10, (1,), _blob([("sin", (-2,), (0,), {})])), "a run's input -2 is beyond its 1 inputs"),
-    (("ops", 10), "malformed 'ops' message"),
+    (("ops", 10), "the 'ops' message is [kind, base, inputs, blob], got 2 items"),
 ])
 def test_a_malformed_run_is_refused_naming_what_is_wrong(message, refusal):
     session = _open(_host())

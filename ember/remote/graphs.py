@@ -23,13 +23,6 @@ from .tensors import TensorTable, error_kind, need_of
 from .uploads import Uploads
 
 
-def check_graph_id(gid) -> None:
-    """ProtocolError unless ``gid`` is a graph id: as tensor ids, a non-negative integer (a client
-    numbers its graphs: a string id would cost its size)."""
-    if type(gid) is not int or gid < 0:
-        raise ProtocolError(f"graph ids are non-negative integers, got {gid!r:.40}")
-
-
 class RegisteredGraph(NamedTuple):
     """A graph a session keeps by number (a ``graph`` message), for its ``run`` messages: what a
     run checks and runs, and the bytes the graph holds. A refused graph keeps its error alone."""
@@ -48,7 +41,10 @@ class RegisteredGraph(NamedTuple):
 
 
 class Graphs:
-    """The graphs of one session by number, over its :class:`TensorTable` and ``engine``."""
+    """The graphs of one session by number, over its :class:`TensorTable` and ``engine``. Each
+    method takes the fields of a message's record (``wire/messages.py``), whose types ``parse``
+    checked: a graph id is a non-negative integer (a string id would cost its size), a node list a
+    tuple; what the lists hold is checked here."""
 
     def __init__(self, table: TensorTable, engine):
         self.table, self.engine = table, engine
@@ -60,7 +56,6 @@ class Graphs:
     def register(self, gid, inputs, outputs, ops, constants, segments: list, uploads: Uploads) -> None:
         """Keep graph ``gid`` (a number registered again is a new graph), or its refusal. Its constants
         are ``segments`` of the frame, counted by ``uploads`` as they arrived (or declined)."""
-        check_graph_id(gid)
         self.forget(gid)
         self.graphs_registered += 1
         table = self.table
@@ -77,8 +72,6 @@ class Graphs:
         records, needs, error, plan = [], [], None, None
         try:  # validate the whole graph once: its size, every constant, every row's meta rule, every limit
             for what, nodes in (("ops", ops), ("inputs", inputs), ("outputs", outputs), ("constants", constants)):
-                if type(nodes) is not tuple:
-                    raise ProtocolError(f"a graph's {what} are a list")
                 if len(nodes) > limits.max_graph_ops:  # refused before anything is built from it
                     raise ResourceLimitError(f"{len(nodes)} {what} in graph {gid}, more than the peer's limit of "
                                              f"{limits.max_graph_ops} per graph")
@@ -130,7 +123,6 @@ class Graphs:
     def run(self, gid, input_ids, output_ids) -> int:
         """Run graph ``gid`` on tensors ``input_ids`` into ``output_ids``, or poison them saying why;
         returns the ops it ran."""
-        check_graph_id(gid)
         table = self.table
         graph = self.graphs.get(gid)
         if graph is None and self.unkept and gid in self.unkept:
@@ -182,7 +174,6 @@ class Graphs:
 
     def forget(self, gid) -> None:
         """Let graph ``gid`` go, and the bytes it held (its entry, nodes and constants)."""
-        check_graph_id(gid)
         graph = self.graphs.pop(gid, None)
         if graph is not None:
             self.table.quota.give(graph.held)

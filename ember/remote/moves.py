@@ -3,7 +3,8 @@
 ``x.to_device(b)`` across two peers sends ``grant`` to the source session (its tensor may be read
 once, with a capability, by the destination session) and ``fetch`` to the destination (fetch
 that tensor as one of its own); transfers.py holds the protocol of both and the peer's table of
-grants. Here a session's :class:`Moves` checks those two messages and counts their bytes in its
+grants. Here a session's :class:`Moves` checks what those two messages' records
+(``wire/messages.py``: their fields' types checked by ``parse``) hold and counts their bytes in its
 :class:`~ember.remote.tensors.TensorTable`: a granted value's until the grant ends, a fetched
 tensor's from the message on, its outcome taken when the tensor is first used (``settle``).
 """
@@ -13,10 +14,11 @@ from __future__ import annotations
 from .. import dtypes as dt
 from ..errors import ProtocolError, ResourceLimitError
 from ..ops.table import Meta
+from ..wire import messages
 from ..wire.protocol import CAPABILITY_BYTES
 from .failures import Failure
 from .memory import TENSOR_OVERHEAD
-from .tensors import TensorTable, check_id, check_size
+from .tensors import TensorTable, check_size
 from .transfers import FETCHES_PER_SESSION, SCHEMES, Fetch, Grant, Transfers, is_host
 
 
@@ -28,15 +30,15 @@ class Moves:
         self.table, self.transfers = table, transfers
         self.session_id, self.peer = session_id, peer
 
-    def grant(self, tid, capability, session) -> None:
-        """``["grant", id, capability, session]``: tensor ``id`` may be read once by ``session`` with
-        ``capability``. The value is taken now (every earlier op has run); its bytes stay counted
-        until the grant ends, so a dropped tensor cannot outlive the quota through a grant."""
-        if type(capability) is not bytes or len(capability) != CAPABILITY_BYTES:
+    def grant(self, message: messages.Grant) -> None:
+        """Tensor ``message.id`` may be read once by ``message.session`` with ``message.capability``.
+        The value is taken now (every earlier op has run); its bytes stay counted until the grant
+        ends, so a dropped tensor cannot outlive the quota through a grant."""
+        tid, capability, session = message.id, message.capability, message.session
+        if len(capability) != CAPABILITY_BYTES:
             raise ProtocolError(f"a capability is {CAPABILITY_BYTES} random bytes")
-        if type(session) is not str or not 0 < len(session) <= 64:
+        if not 0 < len(session) <= 64:
             raise ProtocolError("a grant names the session it is for")
-        check_id(tid)
         table = self.table
         if tid in table.incoming:
             table.settle(tid)
@@ -55,22 +57,21 @@ class Moves:
         else:
             table.granted += nbytes
 
-    def fetch(self, tid, dtype, shape, scheme, host, port, capability, peer) -> Fetch | None:
-        """``["fetch", id, dtype, shape, scheme, host, port, capability, peer]``: tensor ``id`` is the
-        tensor granted with ``capability`` on the peer at ``scheme://host:port`` (whose identity is
-        ``peer``). Its bytes are counted now; the fetch to perform is returned (see transfers.Fetch:
-        the shell performs it), or None where it is refused (the tensor then holds why)."""
-        check_id(tid)
-        if not isinstance(dtype, dt.DType) or type(shape) is not tuple or len(shape) > 64 or \
-                not all(type(n) is int and n >= 0 for n in shape):
+    def fetch(self, message: messages.Fetch) -> Fetch | None:
+        """Tensor ``message.id`` is the tensor granted with ``capability`` on the peer at
+        ``scheme://host:port`` (whose identity is ``peer``). Its bytes are counted now; the fetch to
+        perform is returned (see transfers.Fetch: the shell performs it), or None where it is
+        refused (the tensor then holds why)."""
+        tid, shape, port, peer = message.id, message.shape, message.port, message.peer
+        if not isinstance(message.dtype, dt.DType) or len(shape) > 64 or not all(type(n) is int and n >= 0 for n in shape):
             raise ProtocolError("a fetch names the tensor's dtype and shape")
-        if scheme not in SCHEMES or not is_host(host) or type(port) is not int \
-                or not 0 < port < 65536 or type(peer) is not str or len(peer) > 64:
+        if message.scheme not in SCHEMES or not is_host(message.host) or not 0 < port < 65536 or len(peer) > 64:
             raise ProtocolError("a fetch names the source peer as scheme, host, port and identity")
-        if type(capability) is not bytes or len(capability) != CAPABILITY_BYTES:
+        if len(message.capability) != CAPABILITY_BYTES:
             raise ProtocolError(f"a capability is {CAPABILITY_BYTES} random bytes")
-        meta, table = Meta(shape, dtype), self.table
-        job = Fetch(tid, meta, scheme, host, port, capability, self.session_id, local=peer == self.peer, peer=peer)
+        meta, table = Meta(shape, message.dtype), self.table
+        job = Fetch(tid, meta, message.scheme, message.host, port, message.capability, self.session_id,
+                    local=peer == self.peer, peer=peer)
         try:
             if len(table.incoming) + len(table.cancelled) >= FETCHES_PER_SESSION:
                 # those of dropped tensors count until their worker ends: a drop does not make room for more threads

@@ -7,6 +7,8 @@ moves frames between these objects and sockets. Ops run through the same :class:
 local execution, after the op row's meta rule has validated them, so a peer executes nothing the
 table would refuse locally. The session's tensors are its :class:`TensorTable`'s (tensors.py),
 its graphs its :class:`Graphs`' (graphs.py); runs of ops seen before replay as plans (runs.py).
+Each message is read as its ``wire/messages.py`` record, which :func:`~ember.wire.messages.parse`
+checks (its length, each field's type), and each reply built as one: that module is the schema.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from ..engines.local import LocalEngine
 from ..errors import EmberError, ProtocolError, ResourceLimitError
 from ..ops.records import infer_record, literal_meta
 from ..ops.table import Meta
+from ..wire import messages
+from ..wire.messages import Data, Error, Ok, PeerStats, Shapes, parse
 from ..wire.protocol import Frame, Limits
 from ..wire.runs import absolute, decode_run
 from .failures import Failure
@@ -30,11 +34,12 @@ from .graphs import Graphs
 from .memory import RUN_OP_BYTES, RUN_OVERHEAD, TENSOR_OVERHEAD, Budget, BufferPool
 from .moves import Moves
 from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, NOT_COMPILED, RunPlan, endings
-from .tensors import TensorTable, check_id, check_size, error_kind, need_of
+from .tensors import TensorTable, check_size, error_kind, need_of
 from .transfers import Fetch, Transfers
 from .uploads import Uploads
 
 Reply = tuple  # (header, segments): one frame to send
+_tuple_new = tuple.__new__
 RECENT_ERRORS = 20  # the failures a session (and a host) remembers for the status page
 KEPT_CHARACTERS = 1000  # of a remembered failure's message (the status shows 300 characters)
 
@@ -124,10 +129,9 @@ class Session:
                 replies = self._handle(frame)
             finally:
                 self.uploads.end(frame.segments)
-        for _, segments in replies:  # the client waits for each reply: one round trip
+        if replies:  # one reply frame, which the client waits for: one round trip
             self.round_trips += 1
-            for segment in segments:
-                self.bytes_out += segment.nbytes
+            self.bytes_out += self._outgoing  # its segments' bytes (_get counts them as it adds them)
         return replies
 
     def _handle(self, frame: Frame) -> list[tuple[dict, list]]:
@@ -137,33 +141,30 @@ class Session:
             return []
         if kind != "batch":
             raise ProtocolError(f"unexpected frame type {kind!r} in a session")
-        messages = header.get("m", ())
-        if not isinstance(messages, tuple):
+        batch = header.get("m", ())
+        if not isinstance(batch, tuple):
             raise ProtocolError("a batch's 'm' must be a list of messages")
         replies: list = []
         segments: list = []
         handlers, run_op, received = self._HANDLERS, self._op, frame.segments
-        for message in messages:
+        for message in batch:
             try:
-                if type(message) is not tuple or not message or type(message[0]) is not str:
-                    raise ProtocolError(f"malformed message {message!r:.80}")
-                if message[0] == "op" and len(message) == 5:
-                    run_op(message)  # an op alone: no dispatch, no slicing
+                if type(message) is tuple and len(message) == 5 and message[0] == "op":
+                    run_op(message)  # an op alone: its fields checked inline, no parse, no dispatch
                     continue
-                handler = handlers.get(message[0])
-                if handler is None:
-                    raise ProtocolError(f"unknown message type {message[0]!r}")
-                handler(self, message[1:], received, replies, segments)
-            except (TypeError, ValueError, IndexError) as error:
+                record = parse(message)  # ProtocolError naming the field that is wrong
+                handlers[type(record)](self, record, received, replies, segments)
+            except (TypeError, ValueError, IndexError) as error:  # inside a field's list: the message is malformed
                 if isinstance(error, EmberError):
                     raise
                 raise ProtocolError(f"malformed {message[0]!r:.20} message: {error}") from None
         return [({"t": "reply", "m": replies}, segments)] if replies else []
 
     def _op(self, message) -> None:
+        """An ``op`` message: a :class:`~ember.wire.messages.Op`'s array, as it arrived or as a run's record."""
         _, name, inputs, outputs, attrs = message  # ("op", *record): ops/records.py
-        if type(outputs) is not tuple or type(inputs) is not tuple or type(attrs) is not dict:
-            raise ProtocolError("an op message is (name, inputs, outputs, attrs)")
+        if type(outputs) is not tuple or type(inputs) is not tuple or type(attrs) is not dict:  # Op's checks, inline
+            parse(message)  # raises, naming the field
         self.ops += 1
         table = self.table
         tensors, known = table.tensors, table.metas
@@ -224,13 +225,11 @@ class Session:
         if not (simple and table.add(outputs[0], value, meta, need)):  # a new tensor: the reservation is its size
             table.keep(outputs, (value,) if simple else values, out_metas, need, not simple)
 
-    def _ops(self, body, frame_segments, replies, segments) -> None:
+    def _ops(self, ops: messages.Ops, frame_segments, replies, segments) -> None:
         """A run of one-output ops, its tensor ids relative (wire/runs.py): replayed from its plan when the
         session has one that fits, else op by op — and compiled at its second sighting."""
-        base, inputs, blob = body
-        if type(base) is not int or type(inputs) is not tuple:
-            raise ProtocolError("an ops message is (base, inputs, blob)")
-        known = self.runs.get(blob) if type(blob) is bytes else None
+        base, inputs, blob = ops.base, ops.inputs, ops.blob
+        known = self.runs.get(blob)
         if type(known) is RunPlan and known.replay(self.table, base, inputs):
             self.ops += len(known.outputs)
             self.runs_replayed += 1
@@ -262,13 +261,12 @@ class Session:
                     self.runs_bytes += cost
             self.runs[blob] = plan
 
-    def _put(self, body, frame_segments, replies, segments) -> None:
-        tid, index = body
+    def _put(self, put: messages.Put, frame_segments, replies, segments) -> None:
+        tid, index = put.id, put.segment
         host = frame_segments[index]
         if host is None:  # declined while it was received: the quota or the budget had no room
             self.table.poison((tid,), "ResourceLimitError", f"put of tensor {tid}: {self.uploads.reason(index)}")
             return
-        check_id(tid)  # before its buffer's reservation passes to the tensor
         counted = self.uploads.claim(host) is not None
         handle = self.engine.upload(host)
         self.table.store(tid, handle, Meta(tuple(host.shape), dt.FROM_NUMPY[host.dtype]), counted)
@@ -282,108 +280,103 @@ class Session:
         """Tensor ``tid``'s live value, or None having replied the error a read of it meets."""
         value = self.table.read(tid)
         if type(value) is Failure:
-            replies.append(("error", rid, value.kind, value.message))
+            replies.append(Error(rid, value.kind, value.message))
             return None
         return value
 
-    def _get(self, body, frame_segments, replies, segments) -> None:
-        rid, tid = body
-        sent = self.table.sent
-        index = sent.get(tid) if type(tid) is int else None
+    def _get(self, get: messages.Get, frame_segments, replies, segments) -> None:
+        rid, tid = get.rid, get.id
+        table = self.table
+        sent = table.sent
+        index = sent.get(tid)
         if index is None:  # each tensor goes once per reply, however often a batch reads it
-            value = self._read(tid, rid, replies)
-            if value is None:
-                return
+            value = table.tensors.get(tid)
+            if value is None or type(value) is Failure:  # not live: what a read of it meets
+                value = self._read(tid, rid, replies)
+                if value is None:
+                    return
             host = self.engine.download(value)
+            nbytes = host.nbytes
             try:
                 # a reply is one frame: the client refuses one past the frame limit, so none is built
-                limits = self.limits
-                room = limits.max_frame_bytes - limits.max_header_bytes
-                if self._outgoing + host.nbytes > room:
-                    raise ResourceLimitError(f"get of tensor {tid}: the reply would hold {self._outgoing + host.nbytes} "
+                limits = self.quota.limits
+                if self._outgoing + nbytes > limits.max_frame_bytes - limits.max_header_bytes:
+                    raise ResourceLimitError(f"get of tensor {tid}: the reply would hold {self._outgoing + nbytes} "
                                              f"bytes of tensors, more than the peer's frame limit of "
                                              f"{limits.max_frame_bytes} bytes allows; read fewer tensors at once")
                 if not host.flags.c_contiguous:  # the frame needs its bytes in C order: a copy, counted
                     # a reply's copies are scratch of one answer: together held to the tensor limit, so a few KB of
                     # reads of views cannot make the peer copy more than one tensor's worth
-                    copies = self.replying + host.nbytes
+                    copies = self.replying + nbytes
                     if copies > limits.max_tensor_bytes:
                         raise ResourceLimitError(f"get of tensor {tid}: this reply's copies of tensors not in C order "
                                                  f"would take {copies} bytes, more than the peer's tensor limit of "
                                                  f"{limits.max_tensor_bytes} bytes; read fewer such views at once")
-                    self.table.take(f"get of tensor {tid}", host.nbytes)
-                    self.replying += host.nbytes
+                    table.take(f"get of tensor {tid}", nbytes)
+                    self.replying += nbytes
                     host = np.ascontiguousarray(host)
             except ResourceLimitError as error:
                 failure = self._fail("ResourceLimitError", str(error))
-                replies.append(("error", rid, failure.kind, failure.message))
+                replies.append(Error(rid, failure.kind, failure.message))
                 return
-            self._outgoing += host.nbytes
+            self._outgoing += nbytes
             index = sent[tid] = len(segments)
             segments.append(host)
-        replies.append(("data", rid, index))
+        replies.append(_tuple_new(Data, ("data", rid, index)))  # Data(rid, index), without its __new__'s call
 
-    def _shape(self, body, frame_segments, replies, segments) -> None:
-        rid, ids = body
-        shapes = []
-        for tid in ids:
+    def _shape(self, shape: messages.Shape, frame_segments, replies, segments) -> None:
+        rid, shapes = shape.rid, []
+        for tid in shape.ids:  # what is no id names no tensor: an error reply, as for an op's input
             if self._read(tid, rid, replies) is None:
                 return
             shapes.append(self.table.metas[tid].shape)
-        replies.append(("shapes", rid, tuple(shapes)))
+        replies.append(Shapes(rid, tuple(shapes)))
 
-    def _sync(self, body, frame_segments, replies, segments) -> None:
-        (rid,) = body
+    def _sync(self, sync: messages.Sync, frame_segments, replies, segments) -> None:
         self.table.settle_all()  # every transfer is done, and its failure reported, by a sync
         unreported = self.table.unreported
         if unreported:
             first = unreported[0]
             unreported.clear()
-            replies.append(("error", rid, first.kind, first.message))
+            replies.append(Error(sync.rid, first.kind, first.message))
         else:
-            replies.append(("ok", rid))
+            replies.append(Ok(sync.rid))
 
-    def _drop(self, body, frame_segments, replies, segments) -> None:
-        (ids,) = body
-        self.table.drop(ids)
+    def _drop(self, drop: messages.Drop, frame_segments, replies, segments) -> None:
+        self.table.drop(drop.ids)
 
-    def _stats(self, body, frame_segments, replies, segments) -> None:
-        (rid,) = body
+    def _stats(self, asked: messages.Stats, frame_segments, replies, segments) -> None:
         # session_bytes: its tensors' (and their ids'); session_used_bytes: all its quota counts (graphs, runs, grants…)
         stats = {"session_tensors": len(self.table.tensors), "session_bytes": self.table.live_bytes(),
                  "session_used_bytes": self.quota.used, "session_ops": self.ops,
                  "session_runs_replayed": self.runs_replayed, "session_graphs": len(self.registered.graphs)}
         if self.registry is not None:
             stats.update(self.registry.stats())
-        replies.append(("stats", rid, stats))
+        replies.append(PeerStats(asked.rid, stats))
 
     # -- graphs (graphs.py): registered once, then run by number --
-    def _graph(self, body, frame_segments, replies, segments) -> None:
-        gid, inputs, outputs, ops, constants = body
-        self.registered.register(gid, inputs, outputs, ops, constants, frame_segments, self.uploads)
+    def _graph(self, graph: messages.Graph, frame_segments, replies, segments) -> None:
+        self.registered.register(graph.gid, graph.inputs, graph.outputs, graph.ops, graph.constants, frame_segments,
+                                 self.uploads)
 
-    def _run(self, body, frame_segments, replies, segments) -> None:
-        gid, input_ids, output_ids = body
-        self.ops += self.registered.run(gid, input_ids, output_ids)
+    def _run(self, run: messages.RunGraph, frame_segments, replies, segments) -> None:
+        self.ops += self.registered.run(run.gid, run.inputs, run.outputs)
 
-    def _forget(self, body, frame_segments, replies, segments) -> None:
-        (gid,) = body
-        self.registered.forget(gid)
+    def _forget(self, forget: messages.Forget, frame_segments, replies, segments) -> None:
+        self.registered.forget(forget.gid)
 
     # -- transfers between peers (moves.py): grant on the source, fetch on the destination --
-    def _grant(self, body, frame_segments, replies, segments) -> None:
-        tid, capability, session = body
-        self.moves.grant(tid, capability, session)
+    def _grant(self, grant: messages.Grant, frame_segments, replies, segments) -> None:
+        self.moves.grant(grant)
 
-    def _fetch(self, body, frame_segments, replies, segments) -> None:
-        tid, dtype, shape, scheme, host, port, capability, peer = body
-        job = self.moves.fetch(tid, dtype, shape, scheme, host, port, capability, peer)
+    def _fetch(self, fetch: messages.Fetch, frame_segments, replies, segments) -> None:
+        job = self.moves.fetch(fetch)
         if job is not None and self.runner is not None:
             self.runner(job)
         elif job is not None:
             self.fetches.append(job)
 
-    # "op" messages of the right length go straight to _op; this entry sees malformed ones
-    _HANDLERS = {"op": lambda self, body, *_: self._op(("op", *body)), "put": _put, "get": _get, "shape": _shape,
-                 "sync": _sync, "drop": _drop, "stats": _stats, "graph": _graph, "run": _run, "forget": _forget,
-                 "grant": _grant, "fetch": _fetch, "ops": _ops}
+    # by record; an op of five items never comes here: _handle gives it to _op before parse (a parsed Op has five)
+    _HANDLERS = {messages.Ops: _ops, messages.Put: _put, messages.Get: _get, messages.Shape: _shape,
+                 messages.Sync: _sync, messages.Drop: _drop, messages.Stats: _stats, messages.Graph: _graph,
+                 messages.RunGraph: _run, messages.Forget: _forget, messages.Grant: _grant, messages.Fetch: _fetch}
