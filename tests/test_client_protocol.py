@@ -52,7 +52,7 @@ def protocol(clock):
 
 def logged(protocol: ClientProtocol, name: str, *inputs, attrs=None, tid=None) -> Handle:
     """Log an op as the shell's ``apply`` does: take an id (or use ``tid``, one taken earlier), append
-    to the log, and ask the batch's rules at every eighth op."""
+    to the log, note when the log began, and ask the batch's rules at every eighth op."""
     tid = next(protocol.ids) if tid is None else tid
     log = protocol.log
     log.append((name, inputs, (META,) * len(inputs), attrs or {}, tid))
@@ -60,13 +60,23 @@ def logged(protocol: ClientProtocol, name: str, *inputs, attrs=None, tid=None) -
         if protocol.due():
             protocol.flush()
     elif len(log) == 1:
-        protocol.started()
+        protocol.began = protocol.clock()
     return Handle(tid)
 
 
 def sent(protocol: ClientProtocol) -> list[bytes]:
     """The frames the protocol has to send, each as the bytes on the wire."""
     return [b"".join(map(bytes, buffers)) for buffers in protocol.data_to_send()]
+
+
+def asked(protocol: ClientProtocol, record: type, *fields) -> list[bytes]:
+    """The frames a request hands back (those the batch sent before it first), as the bytes on the wire."""
+    return [b"".join(map(bytes, buffers)) for buffers in protocol.request(record, *fields)[1]]
+
+
+def unstack(protocol: ClientProtocol, x: Handle, meta: Meta = META) -> tuple:
+    """An op of two outputs of ``meta``, sent as a message of its own: its output ids."""
+    return protocol.op("unstack", (x,), (META,), {}, (meta, meta))
 
 
 def decoded(frames: list[bytes]) -> list[wire.Frame]:
@@ -99,12 +109,11 @@ def test_a_batch_goes_once_it_holds_batch_ops_ops_or_is_batch_seconds_old(protoc
             if k == (ops - 1 if pause_before is None else pause_before):
                 clock.now += pause
             if kind == "message" or (kind == "both" and k % 4 == 3):
-                protocol.op(Op("unstack", (x.id,), (next(protocol.ids), next(protocol.ids)), {}), 0)
+                unstack(protocol, x)
             else:
                 logged(protocol, "add", x, 1.0)
         frames = sent(protocol)
         protocol.request(Sync)  # the batch's end: the next starts afresh
-        protocol.data_to_send()
         return len(frames)
 
     assert batches_after(client.BATCH_OPS - 1) == 0
@@ -121,9 +130,9 @@ def test_a_new_sessions_first_batch_goes_at_batch_ops_too(protocol):
     one sends the batch."""
     rows = logged(protocol, "zeros", attrs={"shape": (2, 3)})
     for _ in range(client.BATCH_OPS - 2):
-        protocol.op(Op("unstack", (rows.id,), (next(protocol.ids), next(protocol.ids)), {}), 0)
+        unstack(protocol, rows)
     assert sent(protocol) == []
-    protocol.op(Op("unstack", (rows.id,), (next(protocol.ids), next(protocol.ids)), {}), 0)
+    unstack(protocol, rows)
     (frame,) = decoded(sent(protocol))
     messages_ = frame.header["m"]
     assert len(messages_) == client.BATCH_OPS and messages_[0][0] == "ops" and messages_[-1][0] == "op"
@@ -142,15 +151,15 @@ def test_uploads_are_copied_into_the_batch_up_to_inline_bytes_and_larger_ones_go
 
 # -- runs of ops --
 
-def chain_and_read(protocol: ClientProtocol, x: Handle, ops: int) -> Handle:
-    """``ops`` adds of ``x``, each output let go once the next is made (as ``y = y + x`` does), then a read."""
+def chain_and_read(protocol: ClientProtocol, x: Handle, ops: int) -> tuple[Handle, list[bytes]]:
+    """``ops`` adds of ``x``, each output let go once the next is made (as ``y = y + x`` does), then a
+    read: the last output, and the frames the read hands back."""
     y = x
     for _ in range(ops):
         previous, y = y, logged(protocol, "add", y, x)
         if previous is not x:
             protocol.drops.append(previous.id)  # a handle's __del__
-    protocol.request(Get, y.id)
-    return y
+    return y, asked(protocol, Get, y.id)
 
 
 def test_a_loop_sends_the_same_run_bytes_each_time_at_other_ids(protocol):
@@ -160,8 +169,8 @@ def test_a_loop_sends_the_same_run_bytes_each_time_at_other_ids(protocol):
     records = [("add", [k - 1 if k else -1, -1], (k,), {}) for k in range(10)]
     blob = wire.pack((records, list(range(9))))  # all but the last let go in the run: never stored
     for rid in (1, 2):
-        y = chain_and_read(protocol, x, 10)
-        assert sent(protocol) == [batch(("ops", y.id - 9, (x.id,), blob), ("get", rid, y.id))]
+        y, frames = chain_and_read(protocol, x, 10)
+        assert frames == [batch(("ops", y.id - 9, (x.id,), blob), ("get", rid, y.id))]
     assert len(protocol._blobs) == 1  # the second time, the first's bytes were sent again
 
 
@@ -233,15 +242,13 @@ def test_a_dropped_output_of_the_last_run_is_let_go_in_it_and_an_earlier_array_d
     x = Handle(protocol.put(np.ones(3)))
     protocol.flush()
     protocol.data_to_send()
-    parts = Op("unstack", (x.id,), (next(protocol.ids), next(protocol.ids)), {})
-    protocol.op(parts, 0)
+    parts = Op("unstack", (x.id,), unstack(protocol, x), {})
     protocol.drops.append(parts.outputs[0])
     y = logged(protocol, "add", x, 1.0)
     logged(protocol, "add", y, 1.0)
     protocol.drops.append(y.id)
-    protocol.request(Stats)
     records = [("add", [-1, (1.0, "float64")], (0,), {}), ("add", [0, (1.0, "float64")], (1,), {})]
-    assert sent(protocol) == [batch(parts, Drop((parts.outputs[0],)), ("ops", y.id, (x.id,), wire.pack((records, [0]))),
+    assert asked(protocol, Stats) == [batch(parts, Drop((parts.outputs[0],)), ("ops", y.id, (x.id,), wire.pack((records, [0]))),
                                     Stats(1))]
 
 
@@ -252,8 +259,7 @@ def test_an_array_dropped_before_ops_were_logged_goes_ahead_of_them(protocol):
     x = Handle(protocol.put(np.ones(3)))
     protocol.drops.append(old.id)
     y = logged(protocol, "add", x, 1.0)
-    protocol.request(Sync)
-    (frame,) = decoded(sent(protocol))
+    (frame,) = decoded(asked(protocol, Sync))
     assert [m[0] for m in frame.header["m"]] == ["put", "put", "drop", "ops", "sync"]
     assert frame.header["m"][2] == ("drop", (old.id,)) and frame.header["m"][3][1] == y.id
 
@@ -262,12 +268,11 @@ def test_drops_go_ahead_of_the_next_message_once_the_ops_made_drop_bytes(protoco
     """Ops sent as messages of their own count the bytes they make: once those since the last drops
     reach DROP_BYTES, or one message makes as many, the drops go ahead of the next one."""
     x = Handle(protocol.put(np.ones(3)))
-    half = client.DROP_BYTES // 2
-    kinds = []
+    quarter = Meta((client.DROP_BYTES // 32,), dt.float64)  # two of them make half of DROP_BYTES
     for k in range(6):
-        protocol.op(Op("unstack", (x.id,), (next(protocol.ids), next(protocol.ids)), {}), half)
+        unstack(protocol, x, quarter)
         protocol.drops.append(100 + k)
-    protocol.op(Op("unstack", (x.id,), (next(protocol.ids), next(protocol.ids)), {}), client.DROP_BYTES)
+    unstack(protocol, x, Meta((client.DROP_BYTES // 16,), dt.float64))  # two of them: DROP_BYTES
     protocol.flush()
     (frame,) = decoded(sent(protocol))
     kinds = [m[0] if m[0] != "drop" else m[1] for m in frame.header["m"]]
@@ -278,8 +283,7 @@ def test_drops_go_ahead_of_the_next_message_once_the_ops_made_drop_bytes(protoco
 def test_very_many_drops_go_in_frames_of_their_own(protocol, monkeypatch):
     monkeypatch.setattr(client, "DROP_IDS", 1000)
     protocol.drops.extend(range(1, 2501))
-    protocol.request(Stats)
-    frames = decoded(sent(protocol))
+    frames = decoded(asked(protocol, Stats))
     assert [[len(m[1]) if m[0] == "drop" else m[0] for m in f.header["m"]] for f in frames] == \
         [[1000], [1000], [500, "stats"]]
 
@@ -313,14 +317,13 @@ def test_a_graphs_constants_registered_behind_an_upload_name_their_own_segments(
     assert protocol.counters["graphs_registered"] == 1 and protocol.counters["graph_runs"] == 2
     del graph
     gc.collect()
-    protocol.request(Sync)
-    assert sent(protocol) == [batch(Forget(1), Sync(1))]  # once the program lets it go, the peer forgets it
+    assert asked(protocol, Sync) == [batch(Forget(1), Sync(1))]  # once the program lets it go, the peer forgets it
 
 
 # -- requests and replies --
 
 def test_a_reply_answers_its_request_by_id_and_an_error_reply_raises_its_kind(protocol):
-    get, sync, stats = protocol.request(Get, 5), protocol.request(Sync), protocol.request(Stats)
+    get, sync, stats = (protocol.request(record, *fields)[0] for record, *fields in ((Get, 5), (Sync,), (Stats,)))
     assert (get, sync, stats) == (1, 2, 3) and protocol.answer(get) is None
     value = np.arange(3.0)
     protocol.receive_frame(reply(("data", get, 0), ("data", 99, 1), ("stats", stats, {"sessions": 1}),
@@ -332,13 +335,20 @@ def test_a_reply_answers_its_request_by_id_and_an_error_reply_raises_its_kind(pr
     protocol.receive_frame(reply(("error", sync, "ShapeError", "add: shapes (2,) and (3,)")))
     with pytest.raises(ShapeError, match=r"^add: shapes"):
         protocol.answer(sync)
-    unknown = protocol.request(Sync)
+    unknown = protocol.request(Sync)[0]
     protocol.receive_frame(reply(("error", unknown, "SomeNewError", "from a newer peer")))
     with pytest.raises(ExecutionError, match="from a newer peer"):
         protocol.answer(unknown)
-    malformed = protocol.request(Get, 5)
+    malformed = protocol.request(Get, 5)[0]
     with pytest.raises(ProtocolError, match=r"the 'data' message is \[kind, rid, segment\], got 2 items"):
         protocol.receive_frame(reply(("data", malformed)))
+    read, synced = protocol.request(Get, 6)[0], protocol.request(Sync)[0]  # the shell's wait: the one asked for comes back
+    answer, segments = protocol.receive_frame(reply(("ok", synced), ("data", read, 0), segments=[value]), read)
+    assert answer == messages.Data(read, 0) and segments == [value] and protocol.answer(read) is None
+    assert protocol.answer(synced)[0] == messages.Ok(synced)
+    failed = protocol.request(Sync)[0]
+    with pytest.raises(ShapeError, match=r"^add: shapes"):
+        protocol.receive_frame(reply(("error", failed, "ShapeError", "add: shapes (2,) and (3,)")), failed)
 
 
 def test_alive_frames_only_count_and_an_error_frame_ends_the_session(protocol):

@@ -326,35 +326,6 @@ def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
 
-def test_download_buffers_are_reused_only_once_nothing_refers_to_them():
-    from ember.engines.remote import DownloadBuffers
-    buffers = DownloadBuffers(capacity=4 << 20, minimum=1 << 20)
-    first = buffers.allocate((1 << 18,), np.dtype(np.float32))  # 1 MiB
-    where = _address(first)
-    kept = buffers.allocate((1 << 18,), np.dtype(np.float32))  # the first is in use: new memory
-    assert _address(kept) != where
-    del first
-    again = buffers.allocate((512, 512), np.dtype(np.int32))  # the same bytes, another shape and dtype
-    assert _address(again) == where and again.shape == (512, 512) and again.dtype == np.int32
-    view = again[::2]
-    del again
-    assert _address(buffers.allocate((1 << 20,), np.dtype(np.uint8))) != where  # a view still uses it
-    del view
-    small = buffers.allocate((100,), np.dtype(np.float64))  # under the minimum: never kept
-    assert all(b.nbytes >= 1 << 20 for b in buffers.lent)
-    pooled = [_address(b) for b in buffers.lent]
-    huge = buffers.allocate((5 << 20,), np.dtype(np.uint8))  # over the capacity: never kept, and evicts nothing
-    assert [_address(b) for b in buffers.lent] == pooled
-    assert buffers.total == sum(b.nbytes for b in buffers.lent) <= 4 << 20
-    reused = buffers.allocate((1 << 20,), np.dtype(np.uint8))  # the oldest free buffer, lent again: now the newest
-    held = [buffers.allocate((1 << 20,), np.dtype(np.uint8)) for _ in range(3)]  # in use: new buffers
-    newest = [_address(a) for a in (reused, *held)]
-    assert [_address(b) for b in buffers.lent] == newest  # the capacity keeps the four most recently lent
-    assert buffers.total == sum(b.nbytes for b in buffers.lent) == 4 << 20
-    assert small.nbytes == 800 and huge.nbytes == 5 << 20
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/stat")
 def test_a_download_reuses_the_memory_of_one_the_program_dropped_and_never_of_one_it_keeps(remote):
     """Was: each 4 MB read faulted in fresh memory about every other time (945 page faults, up to 1.5 ms of a
     2.5 ms read), as glibc handed the freed array back to the kernel."""

@@ -15,11 +15,14 @@ computes is not refused).
 
 :class:`ClientProtocol` holds all of that, as ``websockets``' ``Protocol`` does for its
 protocol: ops, uploads, requests and moves go in through its methods, the frames to write come out
-of :meth:`~ClientProtocol.data_to_send` (each a list of buffers for one scatter-gather send), and
-each frame received goes in through :meth:`~ClientProtocol.receive_frame`, which keeps the replies
-awaited, by integer request id, for :meth:`~ClientProtocol.answer`. It reads no socket, takes no
-lock and waits for nothing: the shell (``engines/remote.py``) does, and sends what it is given.
-Size limits live here, time limits in the shell.
+of :meth:`~ClientProtocol.data_to_send` (each a list of buffers for one scatter-gather send; a
+request hands back its frames itself), and each frame received goes in through
+:meth:`~ClientProtocol.receive_frame`, which returns the reply it was asked for and keeps other
+awaited ones, by integer request id, for :meth:`~ClientProtocol.answer`. It reads no socket, takes
+no lock and waits for nothing: the shell (``engines/remote.py``) does, and sends what it is given.
+Size limits live here, time limits in the shell. A read crosses the boundary twice, one call each
+way (:meth:`~ClientProtocol.request`, :meth:`~ClientProtocol.receive_frame`): on a one-op read,
+every Python call is ~2% of the client's time.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import ArgumentError, EmberError, NotSupportedError, ProtocolError, ResourceLimitError
+from ..errors import ArgumentError, ConnectionLost, EmberError, NotSupportedError, ProtocolError, ResourceLimitError
 from . import protocol as wire
-from .messages import REPLIES, Drop, Error, Fetch, Forget, Grant, Graph, Op, Put, RunGraph, parse
+from .messages import REPLIES, Error, Fetch, Forget, Grant, Graph, Op, Put, RunGraph, parse
 from .protocol import Limits
-from .runs import Run, append_ops, encode_run
+from .runs import Run, encode_run
+from .tcp import TimedOut
 
 BATCH_OPS = 64          # send a batch once it holds this many messages …
 BATCH_SECONDS = 0.002    # … or once its first message is this old …
@@ -45,7 +49,10 @@ INLINE_BYTES = 1 << 20   # uploads up to this size are copied into the batch; la
 DROP_IDS = 1 << 16       # dropped ids per message: very many go in frames of their own
 DROP_BYTES = 1 << 20     # once the batch's op messages have made this many bytes, drops go ahead of the next one
 KEEPALIVE = 30.0         # seconds a read waits through silence, by default (EMBER_KEEPALIVE)
-_tuple_new = tuple.__new__  # a record from its fields, without the Python call of its __new__ (once a round trip)
+_tuple_new = tuple.__new__  # a record from its fields, without the Python call of its __new__
+# _PLAIN: the messages of a round trip (the read, the drops, the run) are the plain tuples their
+# records pack to: a record costs ~0.12 µs more (its __new__ and packing a subclass), the three
+# ~0.4 µs of a one-op read's ~8 µs of client time. The records are their schema, and the peer's.
 
 
 def init_frame(device: int, token: str | None, keepalive: float | None) -> list:
@@ -62,6 +69,25 @@ def refusal(header: dict, device) -> EmberError:
     return wire.ERROR_KINDS.get(header.get("kind"), ProtocolError)(f"{device} refused the session: {reason}")
 
 
+def unanswered(error: EmberError, device, timeout: float) -> EmberError:
+    """The error for a session's init answered with ``error`` (the handshake's timeout is
+    ``timeout``): silence, or a connection closed unanswered (a peer answers even a refusal), in
+    words that say what to do; any other (a reply no peer sends) as it is."""
+    if isinstance(error, TimedOut):
+        return ConnectionLost(f"{device} did not answer the session's init within {timeout:g} s (EMBER_TIMEOUT)")
+    if isinstance(error, ConnectionLost):  # closed or reset unanswered
+        return ConnectionLost(f"{device}: the peer closed the connection before answering the session's init (it may "
+                              f"be busy, with more connections than it takes at once, or not be an ember peer); try "
+                              f"again later ({error})")
+    return error
+
+
+def silent(window: float) -> ConnectionLost:
+    """The loss of a peer that keeps alive while it works, silent for ``window`` seconds anyway."""
+    return ConnectionLost(f"no sign of life for {window:g} s (EMBER_KEEPALIVE), although the peer keeps alive "
+                          f"while it works: it is hung or unreachable")
+
+
 def keepalive_window() -> float | None:
     """EMBER_KEEPALIVE: the longest silence a read waits through, in seconds, before the peer is
     declared lost (default 30; 0 turns keepalives off, and reads wait up to EMBER_TIMEOUT)."""
@@ -73,6 +99,18 @@ def keepalive_window() -> float | None:
     if not 0 <= window < 1e6:
         raise ArgumentError(f"EMBER_KEEPALIVE must be a number of seconds ≥ 0 and under 1000000 (0: no keepalives), got {text!r}")
     return window or None
+
+
+_REPLY_SIZES = {kind: (record, len(record._fields)) for kind, record in REPLIES.items()}  # a reply's length, checked
+_UNKNOWN = (None, -1)  # of a kind no peer sends: parse() names it
+
+
+def _record(reply: tuple) -> tuple:
+    """The record of a reply; ProtocolError naming what is wrong with a malformed one."""
+    record, size = _REPLY_SIZES.get(reply[0], _UNKNOWN)
+    if len(reply) != size:
+        parse(reply, REPLIES)  # raises
+    return _tuple_new(record, reply)
 
 
 class ClientProtocol:
@@ -101,6 +139,7 @@ class ClientProtocol:
         self._blobs: list = []     # the runs sent lately (encode_run)
         self._extra = 0            # ops in the batch beyond one per message (a run holds many)
         self._first = 0.0          # when the batch's first message came
+        self.began = 0.0           # when the log's first op came (the shell sets it: a call less per read)
         self._copied = 0           # bytes of the uploads copied into it
         self._made = 0             # bytes the ops made since drops were last queued
         self._outgoing: list = []  # frames to send, each a list of buffers
@@ -108,25 +147,29 @@ class ClientProtocol:
         self._answers: dict = {}     # … and those received: rid -> (reply record, the frame's segments)
 
     # -- what goes in --
-    def started(self) -> None:
-        """The log's first op was just logged: the batch's clock starts, unless it had begun."""
-        if not self._batch:
-            self._first = self.clock()
-
     def due(self) -> bool:
-        """Whether the batch and its log should be sent: full, or old (asked every 8 ops logged)."""
+        """Whether the batch and its log should be sent: full, or old (asked every 8 ops logged). The
+        batch's clock starts at its first message, or at its log's first op (``began``) if that came
+        first."""
         n = len(self._batch) + self._extra + len(self.log)  # a run's ops each count
-        return n >= BATCH_OPS or (n & 7 == 0 and self.clock() - self._first > BATCH_SECONDS)
+        first = self._first if self._batch else self.began
+        return n >= BATCH_OPS or (n & 7 == 0 and self.clock() - first > BATCH_SECONDS)
 
-    def op(self, message: Op, made: int) -> None:
-        """Add an op message that makes ``made`` bytes, after the drops so far (no later op reads
-        them) once the batch's ops have made DROP_BYTES, or when it makes that many itself (the
-        bytes they free may be the room it needs); the batch goes once it is full or old."""
+    def op(self, name: str, inputs: tuple, in_metas: tuple, attrs: dict, metas: tuple) -> tuple:
+        """Add op ``name`` of ``metas`` (several outputs, or shapes known only once it ran) as a message
+        of its own: the ids of its outputs. Its inputs are named as the wire names them: a handle by
+        its tensor id, a literal as ``(value, dtype name)``. The drops so far go ahead of it (no later
+        op reads them) once the batch's ops have made DROP_BYTES, or when it makes that many itself
+        (the bytes they free may be the room it needs); the batch goes once it is full or old."""
+        handle = self.handle
+        refs = tuple(v.id if type(v) is handle else (v, m.dtype.name) for v, m in zip(inputs, in_metas))
+        outputs = tuple(next(self.ids) for _ in metas)
+        made = 0 if any(None in m.shape for m in metas) else sum(m.nbytes for m in metas)
         if self.drops and (self._made >= DROP_BYTES or made >= DROP_BYTES):
             self._queue_drops()  # the log too
-        else:
+        elif self.log:
             self._take_log()
-        self._batch.append(message)
+        self._batch.append(Op(name, refs, outputs, attrs))
         if made:
             self._made += made
         n = len(self._batch) + self._extra + len(self.log)
@@ -134,6 +177,7 @@ class ClientProtocol:
             self._first = self.clock()
         elif n >= BATCH_OPS or (n & 7 == 0 and self.clock() - self._first > BATCH_SECONDS):
             self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
+        return outputs
 
     def put(self, host: np.ndarray) -> int:
         """Upload ``host``: the id of its tensor. Up to INLINE_BYTES it is copied into the batch (the
@@ -148,7 +192,8 @@ class ClientProtocol:
             self.flush()  # keep order
             self._outgoing.append(wire.encode_frame({"t": "batch", "m": (Put(tid, 0),)}, [host]))
             return tid
-        self._take_log()
+        if self.log:
+            self._take_log()
         if not self._batch:
             self._first = self.clock()
         self._batch.append(Put(tid, len(self._segments)))
@@ -162,7 +207,8 @@ class ClientProtocol:
         """Run a captured graph on tensors ``inputs``: the ids of its outputs. Registered once per
         session (its constants as the frame's segments), then each call sends only the graph's
         number and tensor ids (Burn's RegisterAndExecuteGraph/ExecuteGraph)."""
-        self._take_log()
+        if self.log:
+            self._take_log()
         if not self._batch:
             self._first = self.clock()  # the batch starts here, with a registration or the run
         gid = self._graph_ids.get(graph)
@@ -190,7 +236,8 @@ class ClientProtocol:
 
     def grant(self, tid: int, capability: bytes, session: str) -> None:
         """Let ``session`` read tensor ``tid`` once with ``capability``, after every op before it."""
-        self._take_log()
+        if self.log:
+            self._take_log()
         self._batch.append(Grant(tid, capability, session))
 
     def fetch(self, meta, capability: bytes, where, peer: str) -> int:
@@ -204,16 +251,19 @@ class ClientProtocol:
                                  capability, peer))
         return tid
 
-    def request(self, record: type, *fields) -> int:
+    def request(self, record: type, *fields) -> tuple[int, list]:
         """Add request ``record(rid, *fields)`` (Get, Shape, Sync, Stats) after everything so far and
-        the drops (so the reply, peer counters above all, sees them freed), and send the batch: its
-        request id, whose reply :meth:`answer` gives once it came."""
+        the drops (so the reply, peer counters above all, sees them freed), and end the batch: its
+        request id, whose reply :meth:`receive_frame` returns, and the frames to send (as
+        :meth:`data_to_send` gives them, without that call on the round trip)."""
         rid = next(self._rids)
         self._queue_drops()
-        self._batch.append(_tuple_new(record, (record.KIND, rid, *fields)))  # record(rid, *fields), a call less
+        self._batch.append((record.KIND, rid, *fields))  # what record(rid, *fields) packs to (_PLAIN)
         self._awaiting.add(rid)
+        self.counters["round_trips"] += 1  # the shell waits for each reply
         self._encode_batch()
-        return rid
+        frames, self._outgoing = self._outgoing, []
+        return rid, frames
 
     def flush(self) -> None:
         """Make every pending message part of a frame to send."""
@@ -232,9 +282,11 @@ class ClientProtocol:
         frames, self._outgoing = self._outgoing, []
         return frames
 
-    def receive_frame(self, frame: wire.Frame) -> None:
-        """Take a frame the peer sent: count it, keep the replies awaited, and note (``ended``) a
-        peer's end of the session with its reason. ``alive`` frames only count."""
+    def receive_frame(self, frame: wire.Frame, rid: int | None = None):
+        """Take a frame the peer sent: count it, note (``ended``) a peer's end of the session with its
+        reason, and return request ``rid``'s reply and the frame's segments if the frame holds it (an
+        error reply raises the typed exception it names); other replies awaited are kept for
+        :meth:`answer`, the rest dropped. ``alive`` frames only count."""
         received = wire.PREFIX_SIZE
         for segment in frame.segments:
             received += segment.nbytes
@@ -245,17 +297,26 @@ class ClientProtocol:
             self.counters["keepalives"] += 1
         elif kind == "error":
             self.ended = f"the peer ended the session: {header.get('reason')}"
-        awaiting = self._awaiting
+        mine = None
         for reply in header.get("m", ()):
-            if type(reply) is tuple and len(reply) > 1 and reply[1] in awaiting:  # only those awaited are read
-                record = REPLIES.get(reply[0])
-                if record is None or len(reply) != len(record._fields):
-                    parse(reply, REPLIES)  # raises, naming what is wrong
-                self._answers[reply[1]] = (_tuple_new(record, reply), frame.segments)
+            if type(reply) is tuple and len(reply) > 1:
+                if reply[1] == rid:
+                    mine = reply
+                elif reply[1] in self._awaiting:  # only those awaited are read
+                    self._answers[reply[1]] = (_record(reply), frame.segments)
+        if mine is None:
+            return None
+        self._awaiting.discard(rid)
+        record, size = _REPLY_SIZES.get(mine[0], _UNKNOWN)  # _record(mine), a call less
+        if len(mine) != size:
+            parse(mine, REPLIES)  # raises, naming what is wrong
+        if record is Error:
+            raise wire.error_from_reply(mine[2], mine[3])
+        return _tuple_new(record, mine), frame.segments
 
     def answer(self, rid: int):
-        """Request ``rid``'s reply and the segments of its frame, once received (else None); an error
-        reply raises the typed exception it names."""
+        """Request ``rid``'s reply and the segments of its frame, if a frame received earlier held it
+        (else None); an error reply raises the typed exception it names."""
         answer = self._answers.pop(rid, None)
         if answer is None:
             return None
@@ -269,11 +330,45 @@ class ClientProtocol:
     def _take_log(self) -> None:
         """Move the logged ops into the batch, each into the run of one-output ops the batch ends
         with, or a new one (wire/runs.py): a loop sends the same bytes each time, and the peer
-        replays what it compiled of them."""
-        run = self._run
-        if not self._batch or self._batch[-1] is not run:
-            run = None
-        self._run, taken = append_ops(self.log, self._batch, run, self.handle)
+        replays what it compiled of them. Entries logged by other threads meanwhile are taken too."""
+        batch, run = self._batch, self._run
+        if run is not None:
+            if batch and batch[-1] is run:
+                base, records, before = run.base, run.records, run.inputs
+            else:
+                run = None
+        if not batch:
+            self._first = self.began  # the log's first op is the batch's first
+        handle, log, taken = self.handle, self.log, 0
+        popleft = log.popleft
+        while log:
+            name, inputs, in_metas, attrs, tid = popleft()
+            if run is None or tid < base:  # a run's outputs are at or past its base (threads may log out of order)
+                run = self._run = Run(tid)
+                base, records, before = tid, run.records, run.inputs
+                batch.append(run)
+                taken -= 1  # the run's message counts as its first op
+            refs = []
+            for value in inputs:  # not a zip: a zip of two tuples costs more
+                if type(value) is handle:
+                    ref = value.id - base
+                    if ref < 0:  # made before the run: its position among the run's inputs
+                        ref = before.get(value.id)
+                        if ref is None:
+                            ref = before[value.id] = len(before)
+                        ref = -1 - ref
+                    refs.append(ref)
+                else:
+                    refs.append((value, in_metas[len(refs)].dtype.name))
+                    if not value or type(value) is complex:
+                        run.reusable = False  # == cannot tell -0.0 from 0.0: the run's bytes are packed afresh
+            if attrs:
+                run.reusable = False
+            out = tid - base
+            if out != len(records):
+                run.in_order = False
+            records.append((name, refs, (out,), attrs))  # a list: msgpack packs it as the tuple it stands for
+            taken += 1
         self._extra += taken
 
     def _queue_drops(self) -> None:
@@ -288,7 +383,8 @@ class ClientProtocol:
                 if entry[4] < floor:
                     floor = entry[4]
             self._place_drops(len(drops), floor)
-        self._take_log()  # the log's ops (and its inputs' handles, which may now be dropped, let go)
+        if log:
+            self._take_log()  # the log's ops (and its inputs' handles, which may now be dropped, let go)
         self._made = 0
         if drops:
             self._place_drops(len(drops))  # handles dropped meanwhile wait for the next
@@ -311,10 +407,14 @@ class ClientProtocol:
         run = self._run
         if run is not None and self._batch and self._batch[-1] is run:
             ids = run.release(ids)
+        if len(ids) <= DROP_IDS:  # as they most often are: one message
+            if ids:
+                self._batch.append(("drop", tuple(ids)))  # what Drop(…) packs to (_PLAIN)
+            return
         for start in range(0, len(ids), DROP_IDS):
             if start:
                 self._encode_batch()
-            self._batch.append(_tuple_new(Drop, ("drop", tuple(ids[start:start + DROP_IDS]))))  # Drop(…), a call less
+            self._batch.append(("drop", tuple(ids[start:start + DROP_IDS])))
 
     def _encode_batch(self) -> None:
         messages, self._batch = self._batch, []

@@ -5,21 +5,18 @@ records, whose tensor ids are relative — ``r >= 0`` is tensor ``base + r`` (th
 is ``base``), ``r < 0`` is tensor ``inputs[-1 - r]`` (an array made before the run) — and the
 outputs the client let go before it sent the run. So a loop that repeats a computation sends the
 same blob every time, whatever ids its tensors have, and a peer keys what it learnt of a run by
-those bytes. The client builds runs here (:func:`append_ops`, :func:`encode_run`), the peer takes
-them apart here (:func:`decode_run`, :func:`absolute`); what a peer does with them is
+those bytes. A client's protocol logs ops into a :class:`Run` (``ClientProtocol._take_log``, on
+its hot path, where a call more costs) and packs it here (:func:`encode_run`); the peer takes it
+apart here (:func:`decode_run`, :func:`absolute`); what a peer does with it is
 ``ember/remote/runs.py``'s.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 from ..errors import ProtocolError
 from . import protocol
-from .messages import Ops
 
 BLOBS_KEPT = 8  # runs whose bytes a client keeps for an equal run to send again
-_tuple_new = tuple.__new__
 
 
 class Run:
@@ -55,52 +52,11 @@ class Run:
         return others
 
 
-def append_ops(log: deque, batch: list, run: Run | None, handle: type) -> tuple[Run | None, int]:
-    """Move the ``(name, inputs, input metas, attrs, output id)`` entries of ``log`` into ``run`` —
-    the run ``batch`` ends with, or None — or into new runs appended to ``batch``; inputs of type
-    ``handle`` are tensors (their ``id``), others literals. Return the last run and how many ops
-    the batch gained beyond one per message. Entries logged by other threads meanwhile are taken
-    too."""
-    if run is not None:
-        base, records, before = run.base, run.records, run.inputs
-    taken = 0
-    popleft = log.popleft
-    while log:
-        name, inputs, in_metas, attrs, tid = popleft()
-        if run is None or tid < base:  # a run's outputs are at or past its base (threads may log out of order)
-            run = Run(tid)
-            base, records, before = tid, run.records, run.inputs
-            batch.append(run)
-            taken -= 1  # the run's message counts as its first op
-        refs = []
-        for value in inputs:  # not a zip: a zip of two tuples costs more
-            if type(value) is handle:
-                ref = value.id - base
-                if ref < 0:  # made before the run: its position among the run's inputs
-                    ref = before.get(value.id)
-                    if ref is None:
-                        ref = before[value.id] = len(before)
-                    ref = -1 - ref
-                refs.append(ref)
-            else:
-                refs.append((value, in_metas[len(refs)].dtype.name))
-                if not value or type(value) is complex:
-                    run.reusable = False  # == cannot tell -0.0 from 0.0: the run's bytes are packed afresh
-        if attrs:
-            run.reusable = False
-        out = tid - base
-        if out != len(records):
-            run.in_order = False
-        records.append((name, refs, (out,), attrs))  # a list: msgpack packs it as the tuple it stands for
-        taken += 1
-    return run, taken
-
-
-def encode_run(run: Run, recent: list) -> Ops:
-    """The ``ops`` message of ``run``. Its blob is that of an equal run among ``recent`` —
-    ``(records, let_go, blob)`` of the runs sent lately, newest first, at most BLOBS_KEPT — when
-    there is one (a loop's, each time: comparing costs a fifth of packing), else packed and
-    remembered there. Only runs whose equal values pack to equal bytes are looked up."""
+def encode_run(run: Run, recent: list) -> tuple:
+    """The ``ops`` message of ``run`` (the array a ``messages.Ops`` record packs to). Its blob is that
+    of an equal run among ``recent`` — ``(records, let_go, blob)`` of the runs sent lately, newest
+    first, at most BLOBS_KEPT — when there is one (a loop's, each time: comparing costs a fifth of
+    packing), else packed and remembered there. Only runs whose equal values pack to equal bytes are looked up."""
     records, let_go = run.records, run.let_go
     if not run.reusable:
         blob = protocol.pack((records, let_go))
@@ -113,7 +69,7 @@ def encode_run(run: Run, recent: list) -> Ops:
             blob = protocol.pack((records, let_go))
             recent.insert(0, (records, let_go, blob))
             del recent[BLOBS_KEPT:]
-    return _tuple_new(Ops, ("ops", run.base, tuple(run.inputs), blob))  # Ops(…) without its __new__'s call
+    return ("ops", run.base, tuple(run.inputs), blob)  # what Ops(…) packs to, without its cost (client.py: _PLAIN)
 
 
 def decode_run(blob) -> tuple[tuple, tuple]:
