@@ -57,6 +57,13 @@ def _requota(session, quota: int) -> None:
     session.quota.room()
 
 
+def test_a_put_naming_a_segment_from_the_end_is_refused_not_taken_from_the_end():
+    session = _open(_host())
+    with pytest.raises(ProtocolError, match=r"the 'put' message's segment must be a non-negative integer, got -1"):
+        _batch(session, ("put", 1, -1), segments=[np.zeros(2), np.ones(2)])
+    assert 1 not in session.table.tensors
+
+
 def test_handshake_opens_a_session_or_refuses_with_a_reason():
     host = _host()
     session, (info,) = host.open(Frame({"t": "init", "v": wire.VERSION, "device": 0, "token": TOKEN}, []), BufferPool())

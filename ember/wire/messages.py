@@ -74,7 +74,7 @@ class Put(NamedTuple):
     """Tensor ``id`` is segment ``segment`` of this frame."""
     kind: str
     id: Id
-    segment: int
+    segment: Id  # an index: a negative one would pick a segment from the end
 
 
 @_kind("get", REQUESTS)
@@ -173,7 +173,7 @@ class Data(NamedTuple):
     """Request ``rid``'s tensor is segment ``segment`` of the reply frame."""
     kind: str
     rid: Id
-    segment: int
+    segment: Id
 
 
 @_kind("shapes", REPLIES)
