@@ -45,7 +45,7 @@ from ember.remote.transfers import Transfers
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
-from .test_budget import _replies, _send
+from .test_memory import _replies, _send
 from .traffic import register_message
 
 MiB = 1 << 20

@@ -25,7 +25,7 @@ from ember.wire import messages
 from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
-from .test_budget import _registered
+from .test_memory import _registered
 from .traffic import register_message
 
 TOKEN = "s3cret"

@@ -27,7 +27,7 @@ from ember.wire.protocol import Frame, Limits
 
 from .conftest import torch_available
 from .peers import Peer
-from .test_hardening import device_of
+from .test_connections import device_of
 from .test_tls import TOKEN, pki  # noqa: F401  (a fixture)
 
 MiB = 1 << 20

@@ -41,40 +41,47 @@ GROUPS = {  # name -> (modules mutated, tests that judge them)
                 "tests/test_verify.py", "tests/test_graph_cli.py", "tests/test_readme.py"]),
     # ONNX export and import, judged by their own tests (each row exported, run by onnxruntime, compared)
     "onnx": (["ember/graphs/onnx*.py"], ["tests/test_onnx.py", "tests/test_onnx_import.py"]),
-    "wire": (["ember/wire/protocol.py"], ["tests/test_frames.py", "tests/test_tcp.py", "tests/test_websocket.py",
-                                         "tests/test_remote.py", "tests/test_graph_files.py"]),
+    "wire": (["ember/wire/protocol.py", "ember/wire/messages.py"],
+             ["tests/test_frames.py", "tests/test_tcp.py", "tests/test_websocket.py", "tests/test_messages.py",
+              "tests/test_session.py", "tests/test_remote.py", "tests/test_graph_files.py"]),
     "websocket": (["ember/wire/websocket.py"], ["tests/test_websocket.py", "tests/test_tcp.py", "tests/test_remote.py",
-                                              "tests/test_hardening.py", "tests/test_tls.py"]),
-    "session": (["ember/remote/session.py", "ember/remote/memory.py", "ember/backends/buffers.py"],
-                ["tests/test_session.py", "tests/test_budget.py", "tests/test_buffers.py", "tests/test_fuzz.py",
-                 "tests/test_hardening.py", "tests/test_remote.py", "tests/test_transfers.py",
+                                              "tests/test_connections.py", "tests/test_tls.py"]),
+    "session": ([f"ember/remote/{name}.py" for name in ("session", "tensors", "uploads", "graphs", "moves", "host",
+                                                         "memory")] + ["ember/backends/buffers.py"],
+                ["tests/test_session.py", "tests/test_tensors.py", "tests/test_uploads.py", "tests/test_graphs.py",
+                 "tests/test_memory.py", "tests/test_accounting.py", "tests/test_buffers.py", "tests/test_fuzz.py",
+                 "tests/test_connections.py", "tests/test_remote.py", "tests/test_transfers.py",
                  "tests/test_distributed.py",  # peer to peer
                  "tests/test_status.py"]),  # the peer's counters, its access rule
     "op-table": (["ember/ops/table.py", "ember/ops/records.py", "ember/ops/gradients.py"],
                  ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_autodiff_api.py", "tests/test_graph_files.py",
-                  "tests/test_session.py", "tests/test_budget.py",
+                  "tests/test_session.py", "tests/test_memory.py",
                   # the table's helpers (require, normalize_axis, as_shape …) are the rules' words: the rules' own tests
                   "tests/test_rule_edges.py", "tests/test_errors.py", "tests/test_dtypes.py", "tests/test_indexing.py"]),
     # the plans behind em.jit and a peer's runs of ops: slots let go, in-place steps, split runs, refilled outputs
     "engines": (["ember/engines/local.py", "ember/engines/plans.py", "ember/remote/runs.py"],
                 ["tests/test_jit.py", "tests/test_array.py", "tests/test_session.py", "tests/test_errors.py",
-                 "tests/test_budget.py"]),
-    # the client's half of a peer: its engine (the op log, runs, drops, waits) and the TCP shell both ends use
-    "client": (["ember/engines/remote.py", "ember/wire/tcp.py"],
-               ["tests/test_remote.py", "tests/test_tcp.py", "tests/test_websocket.py", "tests/test_tls.py",
-                "tests/test_transfers.py", "tests/test_hardening.py", "tests/test_capture.py", "tests/test_distributed.py"]),
+                 "tests/test_memory.py"]),
+    # the client's half of a peer: its protocol (the op log, runs, drops, requests), its shell (waits, the quiet
+    # watch, moves between sessions) and the TCP shell both ends use
+    "client": (["ember/wire/client.py", "ember/wire/runs.py", "ember/engines/remote.py", "ember/engines/watch.py",
+                "ember/engines/sessions.py", "ember/wire/tcp.py"],
+               ["tests/test_client_protocol.py", "tests/test_remote.py", "tests/test_tcp.py", "tests/test_websocket.py",
+                "tests/test_tls.py",
+                "tests/test_transfers.py", "tests/test_connections.py", "tests/test_capture.py", "tests/test_distributed.py"]),
     # grants and fetches between peers without I/O (capabilities single-use, bound to a session, expiring)
     "transfers": (["ember/remote/transfers.py"], ["tests/test_transfers.py", "tests/test_session.py",
                                                  "tests/test_distributed.py"]),
     # who may open a session (authorizers, tokens files) and the HTTP status paths: the parts of the peer's shell that
-    # also run in this process (the rest of server.py runs in `ember serve` children: docs/testing.md plants it by hand)
+    # also run in this process (server.py and connections.py run in `ember serve` children: docs/testing.md plants
+    # them by hand)
     "access": (["ember/remote/access.py", "ember/remote/http.py", "ember/remote/status.py"],
-               ["tests/test_status.py", "tests/test_hardening.py", "tests/test_tls.py"]),
+               ["tests/test_status.py", "tests/test_connections.py", "tests/test_tls.py"]),
     # the rows' own rules (meta, canon, gradient, scratch), judged by the tests generated from the table
     "op-rules": ([f"ember/ops/{name}.py" for name in ("creation", "elementwise", "fft", "indexing", "linalg",
                                                        "linear_algebra", "manipulation", "nn", "reductions")],
                  ["tests/test_op_table.py", "tests/test_autodiff.py", "tests/test_errors.py", "tests/test_nn_reference.py",
-                  "tests/test_indexing.py", "tests/test_dtypes.py", "tests/test_budget.py",  # budget: the scratch rules
+                  "tests/test_indexing.py", "tests/test_dtypes.py", "tests/test_memory.py",  # budget: the scratch rules
                   "tests/test_rule_edges.py", "tests/test_autodiff_api.py",
                   "tests/test_graph_views.py"]),  # graph summaries count flops by a row's family
 }
@@ -88,10 +95,10 @@ TRAMPOLINE_SHY = ["tests/test_buffers.py",  # every test there (a node id prefix
                   "tests/test_session.py::test_buffer_pool_keeps_buffers_from_its_minimum_up_to_its_capacity",
                   "tests/test_session.py::test_buffer_pool_keeps_only_views_of_one_dimensional_byte_buffers",
                   "tests/test_session.py::test_a_dropped_tensor_gives_its_buffer_back_once_nothing_shares_it",
-                  "tests/test_budget.py::test_idle_pool_buffers_count_against_the_budget_and_give_way_first",
-                  "tests/test_budget.py::test_the_budget_holds_exactly_its_limit_and_a_pool_gives_way_largest_first_only_as_needed",
-                  "tests/test_budget.py::test_a_released_buffer_is_kept_only_if_the_budget_has_room_without_evicting",
-                  "tests/test_budget.py::test_a_pool_gives_up_no_more_than_the_shortfall",
+                  "tests/test_memory.py::test_idle_pool_buffers_count_against_the_budget_and_give_way_first",
+                  "tests/test_memory.py::test_the_budget_holds_exactly_its_limit_and_a_pool_gives_way_largest_first_only_as_needed",
+                  "tests/test_memory.py::test_a_released_buffer_is_kept_only_if_the_budget_has_room_without_evicting",
+                  "tests/test_memory.py::test_a_pool_gives_up_no_more_than_the_shortfall",
                   "tests/test_transfers.py::test_a_fetched_tensor_is_received_into_the_destinations_buffer_pool_and_its_"
                   "buffer_serves_the_next"]
 LEFT_OUT += [f"--deselect={test}" for test in TRAMPOLINE_SHY]

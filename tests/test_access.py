@@ -36,7 +36,7 @@ from ember.remote.memory import BufferPool
 from ember.wire import protocol as wire
 
 from .peers import Peer
-from .test_hardening import device_of, session
+from .test_connections import device_of, session
 from .test_remote import free_port, messages_sent
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")

@@ -37,7 +37,7 @@ from ember.wire import protocol as wire
 from ember.wire.protocol import Frame, Limits
 
 from .peers import Peer
-from .test_hardening import device_of, memory_mb
+from .test_connections import device_of, memory_mb
 from .test_transfers import _balanced, _batch
 
 MiB = 1 << 20

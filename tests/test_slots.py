@@ -32,7 +32,7 @@ from ember.wire import protocol as wire
 from ember.wire.tls import CLOSED_IN_HANDSHAKE, client_context
 
 from .peers import Peer
-from .test_hardening import closes, device_of, refusal, session
+from .test_connections import closes, device_of, refusal, session
 from .test_tls import pki  # noqa: F401  (a fixture: the throwaway CA)
 
 resource = pytest.importorskip("resource")  # file limits: POSIX
