@@ -5,7 +5,8 @@ A peer is served in this process (``ember.Server`` on a free loopback port, its 
 its read run with a profiler on every thread. Each module of ``ember/`` that Python code enters
 is a *room*; each call from one ember module into another is a *crossing* (calls into NumPy or
 the standard library and back are not counted). Printed: the rooms in the order first entered,
-per side (the client's threads, the peer's), and the crossings between them.
+per side (the client's threads, the peer's), the crossings between them, and the pairs of rooms
+crossed both ways (one calls the other and is called back).
 
     python tools/walk.py            # this checkout
     PYTHONPATH=OLD python tools/walk.py   # another tree, to compare (OLD: its root)
@@ -71,7 +72,9 @@ def main() -> None:
         crossings = [(c, m) for c, m in calls if c is not None and c != m]
         total_rooms.update(rooms)
         total_crossings += len(crossings)
-        print(f"{side}: {len(rooms)} rooms, {len(crossings)} crossings, {len(calls)} calls into ember")
+        both_ways = sorted({tuple(sorted(pair)) for pair in crossings if pair[::-1] in set(crossings)})
+        print(f"{side}: {len(rooms)} rooms, {len(crossings)} crossings, {len(calls)} calls into ember, "
+              f"{len(both_ways)} pairs of rooms crossed both ways ({', '.join('⇄'.join(p) for p in both_ways) or '-'})")
         print("  rooms:", " ".join(rooms))
         pairs = collections.Counter(crossings)
         print("  crossings:", ", ".join(f"{c}→{m} ×{n}" for (c, m), n in pairs.most_common()))
