@@ -1,6 +1,6 @@
 """What a compute peer shows of itself over HTTP, without I/O: ``/status.json``, ``/metrics``, ``/``.
 
-:func:`snapshot` reads the counters that :class:`~ember.remote.session.Host` and its sessions keep
+:func:`snapshot` reads the counters that :class:`~ember.remote.host.Host` and its sessions keep
 into one plain dict; :func:`prometheus` renders it in Prometheus' text format (with the
 ``prometheus-client`` library, the ``metrics`` extra); :data:`PAGE` is a status page that draws
 ``/status.json`` in the browser, itself, every two seconds (inline script and SVG: no network).
