@@ -3,7 +3,7 @@
 A :class:`Host` turns a connection's ``init`` frame into a :class:`~ember.remote.session.Session`
 (or a refusal), keeps the :class:`Registry` of open sessions and the counters the peer's status
 page shows, and answers another peer's ``fetch`` of a tensor granted here (transfers.py).
-``server.py`` is the shell that moves frames between these objects and sockets;
+``connections.py`` is the shell that moves frames between these objects and sockets;
 :func:`hosted_devices` says which devices a peer serving a device hosts.
 """
 

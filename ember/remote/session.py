@@ -2,7 +2,7 @@
 
 Like the ``websockets`` library's protocol objects, nothing here touches a socket: a
 :class:`~ember.remote.host.Host` turns an ``init`` frame into a :class:`Session` (or a refusal),
-and a session turns each frame into the reply frames to send; ``server.py`` is the shell that
+and a session turns each frame into the reply frames to send; ``connections.py`` is the shell that
 moves frames between these objects and sockets. Ops run through the same :class:`LocalEngine` as
 local execution, after the op row's meta rule has validated them, so a peer executes nothing the
 table would refuse locally. The session's tensors are its :class:`TensorTable`'s (tensors.py),

@@ -1,7 +1,8 @@
 """Who may hold a connection of a compute peer before it is authenticated: its slots, sans-I/O.
 
 An accepted connection costs the peer a thread, a file and some buffers until its handshake is
-done, so the server shell (``server.py``) counts them here, in three pools:
+done, so the shells count them here (``server.py`` takes a slot as it admits a connection,
+``connections.py`` moves or gives it back), in three pools:
 
 - **handshakes** (``max_sessions`` of them): a connection from its accept until its handshake is
   done, or until its first frame shows it is another peer's fetch;
