@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import ember as em  # noqa: E402
 import ember.torch as et  # noqa: E402
 from ember.torch.lowering import LOWERINGS  # noqa: E402
-from ember.torch.tensor import per_tensor  # noqa: E402
+from ember.torch.tensor import IN_PLACE_FUNCTIONAL, per_tensor  # noqa: E402
 
 from .conftest import jax_available  # noqa: E402
 
@@ -31,13 +31,29 @@ LOSSES = {  # name → (loss module, targets for a batch of 16 three-way outputs
 }
 
 
-def train(device, optimizer: str, foreach: bool, loss: str, per_step=None):
-    """An MLP's 20 losses, its eval-mode predictions and its final state; ``device`` None is torch eager.
+def _cnn():
+    """Conv2d → BatchNorm2d → ReLU → MaxPool2d, twice, then Flatten → Dropout → Linear (convolutions without bias, as
+    before any batch norm: a bias it cancels has a zero gradient, which Adam would scale float noise of up)."""
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(4, 6, 3, bias=False), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2, stride=1),
+                         nn.Flatten(), nn.Dropout(0.25), nn.Linear(6, 3))
+
+
+MODELS = {  # name → (the model, the shape of a batch of 16 inputs)
+    "mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)), (16, 4)),
+    "cnn": (_cnn, (16, 3, 8, 8)),
+}
+
+
+def train(device, optimizer: str, foreach: bool, loss: str, per_step=None, model: str = "mlp"):
+    """A model's 20 losses, its eval-mode predictions and its final state; ``device`` None is torch eager.
     The loop is PyTorch's own: only the ``to_device`` lines differ."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    make_model, shape = MODELS[model]
+    model = make_model()
     make_loss, targets = LOSSES[loss]
-    x, y = torch.randn(16, 4), targets()
+    x, y = torch.randn(*shape), targets()
     if device is not None:
         model, x, y = et.to_device(model, device), et.to_device(x, device), et.to_device(y, device)
     kind, arguments = OPTIMIZERS[optimizer]
@@ -83,12 +99,48 @@ def test_an_mlp_trains_unchanged_with_torch_eagers_losses(device, optimizer, for
         np.testing.assert_allclose(state[name], eager_state[name], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_loss_item_once_a_step_is_the_one_round_trip_on_a_peer(peer, optimizer):
+CNN_OPTIMIZERS = ["sgd-momentum", "adam"]
+
+
+@pytest.mark.parametrize("optimizer", CNN_OPTIMIZERS)
+def test_a_cnn_with_batch_norm_trains_unchanged_with_torch_eagers_losses_and_running_statistics(device, optimizer):
+    eager_losses, eager_predictions, eager_state = train(None, optimizer, False, "cross-entropy", model="cnn")
+    losses, predictions, state = train(device, optimizer, False, "cross-entropy", model="cnn")
+    print(f"\nFIGURE cnn {optimizer} on {device}: largest loss difference "
+          f"{np.max(np.abs(np.subtract(losses, eager_losses)) / np.abs(eager_losses)):.1e} (relative)")
+    np.testing.assert_allclose(losses, eager_losses, rtol=1e-4, atol=1e-6)
+    assert losses[-1] < losses[0]  # it learned
+    np.testing.assert_allclose(predictions, eager_predictions, rtol=1e-4, atol=1e-5)  # eval(): the running statistics
+    assert state.keys() == eager_state.keys() and "1.running_mean" in state and "5.running_var" in state
+    for name in state:
+        assert state[name].dtype == eager_state[name].dtype
+        np.testing.assert_allclose(state[name], eager_state[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    assert state["1.num_batches_tracked"].item() == STEPS
+
+
+@pytest.mark.parametrize("model, optimizer", [("mlp", name) for name in OPTIMIZERS] + [("cnn", "sgd-momentum")])
+def test_loss_item_once_a_step_is_the_one_round_trip_on_a_peer(peer, model, optimizer):
     remote = em.device(peer.url())
     trips = []
-    train(remote, optimizer, True, "cross-entropy", per_step=lambda: trips.append(em.stats(remote)["round_trips"]))
+    train(remote, optimizer, model == "mlp", "cross-entropy", model=model,
+          per_step=lambda: trips.append(em.stats(remote)["round_trips"]))
     assert np.diff(trips).tolist() == [1] * (STEPS - 1)
+
+
+@pytest.mark.parametrize("kernel, stride, padding", [(2, None, 0), (3, 2, 1), (2, 1, 0)])
+def test_max_pool_indices_and_gradient_match_eager(kernel, stride, padding):
+    x = torch.randn(2, 3, 7, 6)
+    x[0, 0, :2, :2] = 1.0  # a tie: PyTorch keeps the first
+    x.requires_grad_()
+    moved = et.to_device(x.detach(), "numpy").requires_grad_()
+    pooled, indices = torch.nn.functional.max_pool2d(x, kernel, stride, padding, return_indices=True)
+    ours, our_indices = torch.nn.functional.max_pool2d(moved, kernel, stride, padding, return_indices=True)
+    np.testing.assert_array_equal(ours.numpy(), pooled.detach().numpy())
+    assert our_indices.dtype == torch.int64 and our_indices.tolist() == indices.tolist()
+    cotangent = torch.randn_like(pooled)
+    pooled.backward(cotangent)
+    ours.backward(et.to_device(cotangent, "numpy"))
+    np.testing.assert_allclose(moved.grad.numpy(), x.grad.numpy(), rtol=1e-6)  # overlapping windows: sums in any order
 
 
 def test_parameters_stay_parameters_and_the_optimizer_updates_them_in_place():
@@ -250,6 +302,8 @@ def test_supported_ops_lists_the_table_and_each_listed_op_lowers():
         op = getattr(getattr(torch.ops.aten, packet_name), overload)
         if packet_name.startswith("_foreach_"):
             assert str(per_tensor(op)) in supported, name
+        elif op in IN_PLACE_FUNCTIONAL:
+            assert str(IN_PLACE_FUNCTIONAL[op]) in by_name, name
         elif packet_name.endswith("_") and not packet_name.endswith("__"):
             assert str(getattr(getattr(torch.ops.aten, packet_name[:-1]), overload)) in by_name, name
         else:
@@ -335,3 +389,14 @@ def test_opinfo_samples_match_torch_eager_values_shapes_dtypes_and_gradients(inf
         failed += len(failures) > before
     print(f"\nFIGURE OpInfo {_opinfo_id(info)} on {judged_on}: {judged - failed}/{judged} samples")
     assert judged and not failures, failures
+
+
+def test_dropout_draws_eagers_mask_from_torchs_generator_and_leaves_it_where_eager_does():
+    x = torch.randn(4, 50)
+    torch.manual_seed(3)
+    eager, after = torch.nn.functional.dropout(x, 0.3), torch.rand(3)
+    torch.manual_seed(3)
+    ours, our_after = torch.nn.functional.dropout(et.to_device(x, "numpy"), 0.3), torch.rand(3)
+    np.testing.assert_allclose(ours.numpy(), eager.numpy(), rtol=1e-6)
+    assert torch.equal(our_after, after)
+    assert torch.equal(torch.nn.functional.dropout(et.to_device(x, "numpy"), 0.3, training=False).cpu(), x)

@@ -30,7 +30,7 @@ import torch
 from ..errors import SignatureError
 from .errors import AliasingError, MixedDevicesError, UnloweredOpError
 from .lowering import LOWERINGS
-from .tensor import Tensor, from_torch, per_tensor
+from .tensor import IN_PLACE_FUNCTIONAL, Tensor, from_torch, per_tensor
 
 __all__ = ["Tensor", "to_device", "supported_ops", "UnloweredOpError", "AliasingError", "MixedDevicesError"]
 
@@ -64,7 +64,7 @@ def supported_ops() -> list[str]:
     """The aten overloads ember lowers: the table's, their in-place forms and their ``_foreach_`` forms.
 
     Ops beyond these run where ``torch._decomp`` decomposes them into these."""
-    lowered = set(LOWERINGS)
+    lowered = set(LOWERINGS) | {op for op, functional in IN_PLACE_FUNCTIONAL.items() if functional in LOWERINGS}
     for op in LOWERINGS:
         in_place = getattr(torch.ops.aten, op.overloadpacket.__name__ + "_", None)
         if in_place is not None and op._overloadname in in_place.overloads():

@@ -20,6 +20,7 @@ import torch
 import ember as em
 
 from .dtypes import to_ember, to_torch
+from .lowering_cnn import LOWERINGS_CNN
 
 aten = torch.ops.aten
 
@@ -345,4 +346,6 @@ LOWERINGS = {
     aten.new_full.default: lambda out, x, size, fill_value, **kwargs: filled(out, x, fill_value),
     # reads
     aten._local_scalar_dense.default: _local_scalar,
+    # convolution, pooling and batch norm (lowering_cnn.py)
+    **LOWERINGS_CNN,
 }

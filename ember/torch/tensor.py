@@ -26,6 +26,7 @@ import ember as em
 from .dtypes import to_ember, to_torch
 from .errors import AliasingError, MixedDevicesError, UnloweredOpError, user_line
 from .lowering import LOWERINGS
+from .lowering_cnn import EAGER_EMPTY, Writes
 
 aten = torch.ops.aten
 
@@ -35,6 +36,7 @@ VIEWS = {aten.view.default, aten.t.default, aten.transpose.int, aten.permute.def
          aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.slice.Tensor,
          aten.select.int}
 HOST_SOURCES = {aten.copy.default}  # ops that take a host tensor of any size (uploaded): ``copy_`` loads state dicts
+IN_PLACE_FUNCTIONAL = {aten.bernoulli_.float: aten.bernoulli.p}  # in-place overloads named unlike their functional
 READS = {aten._local_scalar_dense.default}  # no meta kernel: a value, not a tensor, comes back
 
 
@@ -136,7 +138,20 @@ def _lowered(func, args, kwargs):
     result = LOWERINGS[func](out, *_unwrap(func, args), **dict(zip(kwargs, _unwrap(func, tuple(kwargs.values())))))
     if func in READS:
         return result
+    if isinstance(result, Writes):  # an op that also writes into arguments (batch norm's running statistics)
+        _write(func, args, kwargs, result.written)
+        result = result.result
     return _wrap(result, out, func, args[0]._storage if func in VIEWS else None)
+
+
+def _write(func, args, kwargs, written: dict) -> None:
+    """Rebind each argument a lowering wrote (by the schema's argument names) to its new array, in its dtype."""
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.name in written:
+            tensor = args[position] if position < len(args) else kwargs[argument.name]
+            array = written[argument.name]
+            target = to_ember(tensor.dtype)
+            tensor._storage.rebind(em.astype(array, target) if array.dtype != target else array, func)
 
 
 def _decomposed(func, args, kwargs):
@@ -231,14 +246,15 @@ def _wrap(result, out, func, base: Storage | None):
 
 def _as(array: em.Array, out: torch.Tensor, func) -> em.Array:
     """A lowering's array in ``out``'s dtype, checked against ``out``'s shape (a mismatch is a lowering's bug)."""
-    if array.shape != tuple(out.shape):
+    if array.shape != tuple(out.shape) and not (array.shape == (0,) and func in EAGER_EMPTY):
         raise AssertionError(f"{func}: the lowering made shape {array.shape}, PyTorch's meta kernel {tuple(out.shape)}")
     return em.astype(array, to_ember(out.dtype)) if array.dtype != to_ember(out.dtype) else array
 
 
 def _in_place(func, args, kwargs):
     """``op_(self, …)``: the functional overload's lowering, its result rebound into ``self``'s storage."""
-    functional = getattr(getattr(aten, func.overloadpacket.__name__[:-1], None), func._overloadname, None)
+    functional = IN_PLACE_FUNCTIONAL.get(func) or getattr(getattr(aten, func.overloadpacket.__name__[:-1], None),
+                                                         func._overloadname, None)
     if functional is None or functional not in LOWERINGS:
         raise unlowered(func, f"no lowering to ember (an in-place op runs its functional form, "
                               f"{func.overloadpacket.__name__[:-1]}, which has none)")
