@@ -172,11 +172,10 @@ class ClientProtocol:
         self._batch.append(Op(name, refs, outputs, attrs))
         if made:
             self._made += made
-        n = len(self._batch) + self._extra + len(self.log)
-        if n == 1:
+        if len(self._batch) == 1:  # the log, if any, was taken above: the batch starts with this op
             self._first = self.clock()
-        elif n >= BATCH_OPS or (n & 7 == 0 and self.clock() - self._first > BATCH_SECONDS):
-            self.flush()  # the clock is read every 8 ops: cheap enough, prompt enough
+        elif self.due():
+            self.flush()
         return outputs
 
     def put(self, host: np.ndarray) -> int:
