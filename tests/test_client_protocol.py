@@ -323,32 +323,27 @@ def test_a_graphs_constants_registered_behind_an_upload_name_their_own_segments(
 # -- requests and replies --
 
 def test_a_reply_answers_its_request_by_id_and_an_error_reply_raises_its_kind(protocol):
-    get, sync, stats = (protocol.request(record, *fields)[0] for record, *fields in ((Get, 5), (Sync,), (Stats,)))
-    assert (get, sync, stats) == (1, 2, 3) and protocol.answer(get) is None
+    get = protocol.request(Get, 5)[0]
     value = np.arange(3.0)
-    protocol.receive_frame(reply(("data", get, 0), ("data", 99, 1), ("stats", stats, {"sessions": 1}),
-                                 segments=[value, value]))  # 99: a request nobody waits for any more
-    answer, segments = protocol.answer(get)
-    assert answer == messages.Data(get, 0) and segments[answer.segment] is value
-    assert protocol.answer(stats)[0].stats == {"sessions": 1} and protocol.answer(99) is None
-    assert protocol.counters["bytes_down"] == wire.PREFIX_SIZE + 2 * value.nbytes
-    protocol.receive_frame(reply(("error", sync, "ShapeError", "add: shapes (2,) and (3,)")))
+    frame = reply(("data", 99, 1), ("data", get, 0), segments=[value, value])  # 99: a request nobody waits for
+    assert protocol.receive_frame(frame, 99 + get) is None  # not the one asked for
+    answer, segments = protocol.receive_frame(frame, get)
+    assert answer == messages.Data(get, 0) and type(answer) is messages.Data and segments[answer.segment] is value
+    assert protocol.counters["bytes_down"] == 2 * (wire.PREFIX_SIZE + 2 * value.nbytes)
+    stats = protocol.request(Stats)[0]
+    assert protocol.receive_frame(reply(("stats", stats, {"sessions": 1})), stats)[0].stats == {"sessions": 1}
+    sync = protocol.request(Sync)[0]
     with pytest.raises(ShapeError, match=r"^add: shapes"):
-        protocol.answer(sync)
+        protocol.receive_frame(reply(("error", sync, "ShapeError", "add: shapes (2,) and (3,)")), sync)
     unknown = protocol.request(Sync)[0]
-    protocol.receive_frame(reply(("error", unknown, "SomeNewError", "from a newer peer")))
     with pytest.raises(ExecutionError, match="from a newer peer"):
-        protocol.answer(unknown)
+        protocol.receive_frame(reply(("error", unknown, "SomeNewError", "from a newer peer")), unknown)
     malformed = protocol.request(Get, 5)[0]
     with pytest.raises(ProtocolError, match=r"the 'data' message is \[kind, rid, segment\], got 2 items"):
-        protocol.receive_frame(reply(("data", malformed)))
+        protocol.receive_frame(reply(("data", malformed)), malformed)
     read, synced = protocol.request(Get, 6)[0], protocol.request(Sync)[0]  # the shell's wait: the one asked for comes back
     answer, segments = protocol.receive_frame(reply(("ok", synced), ("data", read, 0), segments=[value]), read)
-    assert answer == messages.Data(read, 0) and segments == [value] and protocol.answer(read) is None
-    assert protocol.answer(synced)[0] == messages.Ok(synced)
-    failed = protocol.request(Sync)[0]
-    with pytest.raises(ShapeError, match=r"^add: shapes"):
-        protocol.receive_frame(reply(("error", failed, "ShapeError", "add: shapes (2,) and (3,)")), failed)
+    assert answer == messages.Data(read, 0) and segments == [value]
 
 
 def test_alive_frames_only_count_and_an_error_frame_ends_the_session(protocol):

@@ -40,6 +40,7 @@ def test_a_record_packs_to_the_array_it_stands_for_and_parses_back(record, data)
     parse = messages.parse if table is messages.REQUESTS else messages.parse_reply
     parsed = parse(protocol.unpack(protocol.pack(message)))
     assert type(parsed) is record and parsed == plain
+    assert messages.check(plain, table) is record  # what the session's handlers unpack by
 
 
 def test_records_build_today_s_arrays():
@@ -61,8 +62,10 @@ def test_a_field_of_the_wrong_type_is_named(record, data):
     message[index] = data.draw(st.sampled_from([None, -1, 1.5, "x", b"x", (1,), {"a": 1}, True]).filter(
         lambda bad: type(bad) is not kind or (least is not None and bad < least)))
     parse = messages.parse if messages.REQUESTS.get(record.KIND) is record else messages.parse_reply
-    with pytest.raises(ProtocolError, match=f"the '{record.KIND}' message's {field} must be {what}"):
-        parse(tuple(message))
+    table = messages.REQUESTS if parse is messages.parse else messages.REPLIES
+    for refuse in (parse, lambda m: messages.check(m, table)):
+        with pytest.raises(ProtocolError, match=f"the '{record.KIND}' message's {field} must be {what}"):
+            refuse(tuple(message))
 
 
 @pytest.mark.parametrize("message, named", [

@@ -139,8 +139,14 @@ class Quota:
 
     def give(self, nbytes: int) -> None:
         """Count ``nbytes`` no more (every drop comes here), and set the ceiling again."""
-        self.give_back(nbytes)
-        self.room()
+        self.used -= nbytes  # give_back and room, inline: two calls less on every drop
+        self.credit += nbytes
+        if self.credit > 2 * CREDIT:
+            self.budget.give(self.credit - CREDIT)
+            self.credit = CREDIT
+        limits = self.limits
+        self.ceiling = min(limits.max_session_bytes,
+                           self.used + TENSOR_OVERHEAD * (limits.max_session_tensors - len(self.ids)))
 
     def give_back(self, nbytes: int) -> None:
         """:meth:`give` without setting the ceiling again: only after a reservation the fast path

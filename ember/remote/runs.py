@@ -144,9 +144,9 @@ class RunPlan:
         except Exception:
             quota.give(need)
             return False
-        kept = self.kept  # most runs keep their last output alone
-        table.keep((base + kept[0],) if len(kept) == 1 else [base + ref for ref in kept], results, self.metas,
-                   self.held, True, self.sizes)
+        kept = self.kept  # most runs keep their last output alone: a new id (checked above), its size the held bytes
+        if len(kept) != 1 or not table.add(base + kept[0], results[0], self.metas[0], self.held):
+            table.keep([base + ref for ref in kept], results, self.metas, self.held, True, self.sizes)
         if need > self.held:  # what the outputs let go held while the plan ran; reserved inline, the ceiling stays
             # right (the kept ids raised used by their overhead at least, net); through reserve, it is set again
             (quota.give_back if inline else quota.give)(need - self.held)

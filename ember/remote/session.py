@@ -26,7 +26,7 @@ from ..errors import EmberError, ProtocolError, ResourceLimitError
 from ..ops.records import infer_record, literal_meta
 from ..ops.table import Meta
 from ..wire import messages
-from ..wire.messages import Data, Error, Ok, PeerStats, Shapes, parse
+from ..wire.messages import Data, Error, Ok, PeerStats, Shapes, check
 from ..wire.protocol import Frame, Limits
 from ..wire.runs import absolute, decode_run
 from .failures import Failure
@@ -152,8 +152,8 @@ class Session:
                 if type(message) is tuple and len(message) == 5 and message[0] == "op":
                     run_op(message)  # an op alone: its fields checked inline, no parse, no dispatch
                     continue
-                record = parse(message)  # ProtocolError naming the field that is wrong
-                handlers[type(record)](self, record, received, replies, segments)
+                # ProtocolError naming the field that is wrong; the handler unpacks the record's fields
+                handlers[check(message)](self, message, received, replies, segments)
             except (TypeError, ValueError, IndexError) as error:  # inside a field's list: the message is malformed
                 if isinstance(error, EmberError):
                     raise
@@ -164,7 +164,7 @@ class Session:
         """An ``op`` message: a :class:`~ember.wire.messages.Op`'s array, as it arrived or as a run's record."""
         _, name, inputs, outputs, attrs = message  # ("op", *record): ops/records.py
         if type(outputs) is not tuple or type(inputs) is not tuple or type(attrs) is not dict:  # Op's checks, inline
-            parse(message)  # raises, naming the field
+            check(message)  # raises, naming the field
         self.ops += 1
         table = self.table
         tensors, known = table.tensors, table.metas
@@ -225,10 +225,11 @@ class Session:
         if not (simple and table.add(outputs[0], value, meta, need)):  # a new tensor: the reservation is its size
             table.keep(outputs, (value,) if simple else values, out_metas, need, not simple)
 
+    # each handler below takes a message :func:`check` passed, and unpacks it by its record's fields
     def _ops(self, ops: messages.Ops, frame_segments, replies, segments) -> None:
         """A run of one-output ops, its tensor ids relative (wire/runs.py): replayed from its plan when the
         session has one that fits, else op by op — and compiled at its second sighting."""
-        base, inputs, blob = ops.base, ops.inputs, ops.blob
+        _, base, inputs, blob = ops
         known = self.runs.get(blob)
         if type(known) is RunPlan and known.replay(self.table, base, inputs):
             self.ops += len(known.outputs)
@@ -262,7 +263,7 @@ class Session:
             self.runs[blob] = plan
 
     def _put(self, put: messages.Put, frame_segments, replies, segments) -> None:
-        tid, index = put.id, put.segment
+        _, tid, index = put
         host = frame_segments[index]
         if host is None:  # declined while it was received: the quota or the budget had no room
             self.table.poison((tid,), "ResourceLimitError", f"put of tensor {tid}: {self.uploads.reason(index)}")
@@ -285,7 +286,7 @@ class Session:
         return value
 
     def _get(self, get: messages.Get, frame_segments, replies, segments) -> None:
-        rid, tid = get.rid, get.id
+        _, rid, tid = get
         table = self.table
         sent = table.sent
         index = sent.get(tid)
@@ -325,25 +326,28 @@ class Session:
         replies.append(_tuple_new(Data, ("data", rid, index)))  # Data(rid, index), without its __new__'s call
 
     def _shape(self, shape: messages.Shape, frame_segments, replies, segments) -> None:
-        rid, shapes = shape.rid, []
-        for tid in shape.ids:  # what is no id names no tensor: an error reply, as for an op's input
+        _, rid, ids = shape
+        shapes = []
+        for tid in ids:  # what is no id names no tensor: an error reply, as for an op's input
             if self._read(tid, rid, replies) is None:
                 return
             shapes.append(self.table.metas[tid].shape)
         replies.append(Shapes(rid, tuple(shapes)))
 
     def _sync(self, sync: messages.Sync, frame_segments, replies, segments) -> None:
+        _, rid = sync
         self.table.settle_all()  # every transfer is done, and its failure reported, by a sync
         unreported = self.table.unreported
         if unreported:
             first = unreported[0]
             unreported.clear()
-            replies.append(Error(sync.rid, first.kind, first.message))
+            replies.append(Error(rid, first.kind, first.message))
         else:
-            replies.append(Ok(sync.rid))
+            replies.append(Ok(rid))
 
     def _drop(self, drop: messages.Drop, frame_segments, replies, segments) -> None:
-        self.table.drop(drop.ids)
+        _, ids = drop
+        self.table.drop(ids)
 
     def _stats(self, asked: messages.Stats, frame_segments, replies, segments) -> None:
         # session_bytes: its tensors' (and their ids'); session_used_bytes: all its quota counts (graphs, runs, grants…)
@@ -352,25 +356,26 @@ class Session:
                  "session_runs_replayed": self.runs_replayed, "session_graphs": len(self.registered.graphs)}
         if self.registry is not None:
             stats.update(self.registry.stats())
-        replies.append(PeerStats(asked.rid, stats))
+        _, rid = asked
+        replies.append(PeerStats(rid, stats))
 
     # -- graphs (graphs.py): registered once, then run by number --
     def _graph(self, graph: messages.Graph, frame_segments, replies, segments) -> None:
-        self.registered.register(graph.gid, graph.inputs, graph.outputs, graph.ops, graph.constants, frame_segments,
-                                 self.uploads)
+        self.registered.register(*graph[1:], frame_segments, self.uploads)  # gid, inputs, outputs, ops, constants
 
     def _run(self, run: messages.RunGraph, frame_segments, replies, segments) -> None:
-        self.ops += self.registered.run(run.gid, run.inputs, run.outputs)
+        self.ops += self.registered.run(*run[1:])  # gid, inputs, outputs
 
     def _forget(self, forget: messages.Forget, frame_segments, replies, segments) -> None:
-        self.registered.forget(forget.gid)
+        _, gid = forget
+        self.registered.forget(gid)
 
     # -- transfers between peers (moves.py): grant on the source, fetch on the destination --
     def _grant(self, grant: messages.Grant, frame_segments, replies, segments) -> None:
-        self.moves.grant(grant)
+        self.moves.grant(_tuple_new(messages.Grant, grant))  # the record: moves.py reads its fields by name
 
     def _fetch(self, fetch: messages.Fetch, frame_segments, replies, segments) -> None:
-        job = self.moves.fetch(fetch)
+        job = self.moves.fetch(_tuple_new(messages.Fetch, fetch))
         if job is not None and self.runner is not None:
             self.runner(job)
         elif job is not None:

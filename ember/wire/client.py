@@ -17,9 +17,9 @@ computes is not refused).
 protocol: ops, uploads, requests and moves go in through its methods, the frames to write come out
 of :meth:`~ClientProtocol.data_to_send` (each a list of buffers for one scatter-gather send; a
 request hands back its frames itself), and each frame received goes in through
-:meth:`~ClientProtocol.receive_frame`, which returns the reply it was asked for and keeps other
-awaited ones, by integer request id, for :meth:`~ClientProtocol.answer`. It reads no socket, takes
-no lock and waits for nothing: the shell (``engines/remote.py``) does, and sends what it is given.
+:meth:`~ClientProtocol.receive_frame`, which returns the reply to the request it names by its
+integer id. It reads no socket, takes no lock and waits for nothing: the shell
+(``engines/remote.py``) does, and sends what it is given.
 Size limits live here, time limits in the shell. A read crosses the boundary twice, one call each
 way (:meth:`~ClientProtocol.request`, :meth:`~ClientProtocol.receive_frame`): on a one-op read,
 every Python call is ~2% of the client's time.
@@ -105,17 +105,9 @@ _REPLY_SIZES = {kind: (record, len(record._fields)) for kind, record in REPLIES.
 _UNKNOWN = (None, -1)  # of a kind no peer sends: parse() names it
 
 
-def _record(reply: tuple) -> tuple:
-    """The record of a reply; ProtocolError naming what is wrong with a malformed one."""
-    record, size = _REPLY_SIZES.get(reply[0], _UNKNOWN)
-    if len(reply) != size:
-        parse(reply, REPLIES)  # raises
-    return _tuple_new(record, reply)
-
-
 class ClientProtocol:
     """One session's protocol state: ids, the batch and its rules, drops, registered graphs and the
-    requests awaiting replies. ``info`` is the peer's handshake answer; ``name`` the device as
+    counters. ``info`` is the peer's handshake answer; ``name`` the device as
     errors name it; inputs of type ``handle`` (with an ``id``) are tensors, others literals;
     ``clock`` times the batch (BATCH_SECONDS)."""
 
@@ -143,8 +135,6 @@ class ClientProtocol:
         self._copied = 0           # bytes of the uploads copied into it
         self._made = 0             # bytes the ops made since drops were last queued
         self._outgoing: list = []  # frames to send, each a list of buffers
-        self._awaiting: set = set()  # request ids whose replies are kept …
-        self._answers: dict = {}     # … and those received: rid -> (reply record, the frame's segments)
 
     # -- what goes in --
     def due(self) -> bool:
@@ -258,7 +248,6 @@ class ClientProtocol:
         rid = next(self._rids)
         self._queue_drops()
         self._batch.append((record.KIND, rid, *fields))  # what record(rid, *fields) packs to (_PLAIN)
-        self._awaiting.add(rid)
         self.counters["round_trips"] += 1  # the shell waits for each reply
         self._encode_batch()
         frames, self._outgoing = self._outgoing, []
@@ -284,8 +273,8 @@ class ClientProtocol:
     def receive_frame(self, frame: wire.Frame, rid: int | None = None):
         """Take a frame the peer sent: count it, note (``ended``) a peer's end of the session with its
         reason, and return request ``rid``'s reply and the frame's segments if the frame holds it (an
-        error reply raises the typed exception it names); other replies awaited are kept for
-        :meth:`answer`, the rest dropped. ``alive`` frames only count."""
+        error reply raises the typed exception it names), else None. The shell waits for one request
+        at a time, the lock held: no other reply is awaited. ``alive`` frames only count."""
         received = wire.PREFIX_SIZE
         for segment in frame.segments:
             received += segment.nbytes
@@ -296,34 +285,15 @@ class ClientProtocol:
             self.counters["keepalives"] += 1
         elif kind == "error":
             self.ended = f"the peer ended the session: {header.get('reason')}"
-        mine = None
         for reply in header.get("m", ()):
-            if type(reply) is tuple and len(reply) > 1:
-                if reply[1] == rid:
-                    mine = reply
-                elif reply[1] in self._awaiting:  # only those awaited are read
-                    self._answers[reply[1]] = (_record(reply), frame.segments)
-        if mine is None:
-            return None
-        self._awaiting.discard(rid)
-        record, size = _REPLY_SIZES.get(mine[0], _UNKNOWN)  # _record(mine), a call less
-        if len(mine) != size:
-            parse(mine, REPLIES)  # raises, naming what is wrong
-        if record is Error:
-            raise wire.error_from_reply(mine[2], mine[3])
-        return _tuple_new(record, mine), frame.segments
-
-    def answer(self, rid: int):
-        """Request ``rid``'s reply and the segments of its frame, if a frame received earlier held it
-        (else None); an error reply raises the typed exception it names."""
-        answer = self._answers.pop(rid, None)
-        if answer is None:
-            return None
-        self._awaiting.discard(rid)
-        reply = answer[0]
-        if type(reply) is Error:
-            raise wire.error_from_reply(reply.error, reply.message)
-        return answer
+            if type(reply) is tuple and len(reply) > 1 and reply[1] == rid:
+                record, size = _REPLY_SIZES.get(reply[0], _UNKNOWN)
+                if len(reply) != size:
+                    parse(reply, REPLIES)  # raises, naming what is wrong
+                if record is Error:
+                    raise wire.error_from_reply(reply[2], reply[3])
+                return _tuple_new(record, reply), frame.segments
+        return None
 
     # -- the batch --
     def _take_log(self) -> None:
