@@ -60,6 +60,13 @@ LOCAL_DEVICES = ["numpy"] + (["torch:cpu"] if torch_available() else []) + (["ja
 
 
 @pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """A throwaway CA and certificates for 127.0.0.1 (tests/pki.py), shared by the session's TLS peers."""
+    from .pki import make_pki
+    return make_pki(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
 def peer():
     """One numpy compute peer shared by the session's remote tests."""
     from .peers import Peer

@@ -37,7 +37,6 @@ from ember.wire import tcp, websocket
 from .conftest import REMOTE_SCHEMES, too_large
 from .peers import Peer
 from .test_remote import INIT, RawSession, _frame, _prefix, _raw_socket, free_port
-from .test_tls import pki  # noqa: F401  (a fixture: the throwaway CA)
 
 PROMPT = 2  # seconds: a refusal must come this soon
 SMALL = wire.HANDSHAKE_LIMITS.max_frame_bytes

@@ -21,7 +21,6 @@ import ember as em
 import ember.ray as fleets
 
 from .test_remote import nothing_listens
-from .test_tls import pki  # noqa: F401  (a fixture)
 
 DEADLINE = 30  # seconds for a killed actor's process to end
 

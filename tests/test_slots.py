@@ -33,7 +33,6 @@ from ember.wire.tls import CLOSED_IN_HANDSHAKE, client_context
 
 from .peers import Peer
 from .test_connections import closes, device_of, refusal, session
-from .test_tls import pki  # noqa: F401  (a fixture: the throwaway CA)
 
 resource = pytest.importorskip("resource")  # file limits: POSIX
 

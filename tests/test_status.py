@@ -24,7 +24,6 @@ from ember.remote.memory import TENSOR_OVERHEAD
 from ember.wire import protocol as wire
 
 from .peers import Peer
-from .test_tls import pki  # noqa: F401  (a fixture: the throwaway CA)
 
 TOKEN = "watch-token-0123456789"
 OTHER = "other-token-9876543210"

@@ -3,19 +3,16 @@ throwaway CA (trustme), which the system's store does not trust."""
 
 from __future__ import annotations
 
-import datetime
 import secrets
 import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-import trustme
 
 import ember as em
 from ember.wire import protocol as wire
@@ -27,42 +24,6 @@ from .test_remote import free_port, nothing_listens
 TLS_SCHEMES = ["embers", "wss"]
 TOKEN = "s3cret-0123456789ab"  # ember serve takes tokens of 16 characters and more
 PROMPT = 5  # seconds: a refusal must come long before any timeout
-
-
-@dataclass
-class Certificate:
-    cert: str
-    key: str
-
-    def serve_args(self) -> tuple[str, ...]:
-        return ("--tls-cert", self.cert, "--tls-key", self.key)
-
-
-@dataclass
-class Pki:
-    ca: str              # the CA's certificate (PEM): what clients must be given
-    local: Certificate   # for 127.0.0.1 and localhost
-    elsewhere: Certificate  # for example.org only
-    expired: Certificate  # for 127.0.0.1, expired a year ago
-
-
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory) -> Pki:
-    folder = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    ca.cert_pem.write_to_path(folder / "ca.pem")
-
-    def issue(name: str, *identities: str, **validity) -> Certificate:
-        leaf = ca.issue_cert(*identities, **validity)
-        for k, blob in enumerate(leaf.cert_chain_pems):
-            blob.write_to_path(folder / f"{name}.pem", append=k > 0)
-        leaf.private_key_pem.write_to_path(folder / f"{name}.key")
-        return Certificate(str(folder / f"{name}.pem"), str(folder / f"{name}.key"))
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return Pki(str(folder / "ca.pem"), issue("local", "127.0.0.1", "localhost"), issue("elsewhere", "example.org"),
-               issue("expired", "127.0.0.1", not_before=now - datetime.timedelta(days=730),
-                     not_after=now - datetime.timedelta(days=365)))
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from ember.wire.protocol import Frame, Limits
 from .conftest import torch_available
 from .peers import Peer
 from .test_connections import device_of
-from .test_tls import TOKEN, pki  # noqa: F401  (a fixture)
+from .test_tls import TOKEN
 
 MiB = 1 << 20
 LOOPBACK = "127.0.0.1"  # what every destination here fetches from (--fetch-from): the peers of these tests

@@ -190,18 +190,27 @@ def _layer_norm_meta(x, *affine, normalized_shape, eps):
     return Meta(x.shape, x.dtype)
 
 
+def layer_norm_cotangents(xp, g, x, mean, inv, weight, axes: int, affine: bool):
+    """Layer norm's cotangents over ``x``'s last ``axes`` axes from its statistics (``mean`` and ``inv``,
+    1/σ, kept as the reductions left them): ``gx``, then, with ``affine``, those of the weight (None:
+    a scale of 1) and the bias. The row's rule and ember.torch's ``native_layer_norm_backward``,
+    which PyTorch hands the statistics, share it."""
+    normalized = tuple(range(x.ndim - axes, x.ndim))
+    xhat = (x - mean) * inv
+    gy = g * weight if weight is not None else g
+    gx = inv * (gy - xp.mean(gy, axis=normalized, keepdims=True) - xhat * xp.mean(gy * xhat, axis=normalized, keepdims=True))
+    if not affine:
+        return (gx,)
+    lead = tuple(range(x.ndim - axes))
+    return (gx, xp.sum(g * xhat, axis=lead), xp.sum(g, axis=lead))
+
+
 def _layer_norm_grad(xp, g, out, x, *affine, normalized_shape, eps):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     mean = xp.mean(x, axis=axes, keepdims=True)
     centred = x - mean
     inv = 1 / xp.sqrt(xp.mean(centred * centred, axis=axes, keepdims=True) + eps)
-    xhat = centred * inv
-    gy = g * affine[0] if affine else g
-    gx = inv * (gy - xp.mean(gy, axis=axes, keepdims=True) - xhat * xp.mean(gy * xhat, axis=axes, keepdims=True))
-    if not affine:
-        return (gx,)
-    lead = tuple(range(x.ndim - len(normalized_shape)))
-    return (gx, xp.sum(g * xhat, axis=lead), xp.sum(g, axis=lead))
+    return layer_norm_cotangents(xp, g, x, mean, inv, affine[0] if affine else None, len(axes), bool(affine))
 
 
 define(Op("layer_norm", ("x", "*affine"), {"normalized_shape": REQUIRED, "eps": 1e-5}, _layer_norm_meta, _layer_norm_canon,

@@ -21,6 +21,7 @@ import ember as em
 
 from .dtypes import to_ember, to_torch
 from .lowering_cnn import LOWERINGS_CNN
+from .lowering_transformer import LOWERINGS_TRANSFORMER
 
 aten = torch.ops.aten
 
@@ -346,6 +347,7 @@ LOWERINGS = {
     aten.new_full.default: lambda out, x, size, fill_value, **kwargs: filled(out, x, fill_value),
     # reads
     aten._local_scalar_dense.default: _local_scalar,
-    # convolution, pooling and batch norm (lowering_cnn.py)
+    # convolution, pooling and batch norm (lowering_cnn.py); embedding, layer norm and attention (lowering_transformer.py)
     **LOWERINGS_CNN,
+    **LOWERINGS_TRANSFORMER,
 }

@@ -178,8 +178,9 @@ def _batch_norm_backward(out, grad, x, weight, running_mean, running_var, save_m
 
 def _bernoulli(out, x, p=0.5, *, generator=None):
     """A 0/1 mask drawn on the host by PyTorch's own CPU kernel and generator, then uploaded: the same mask, and the
-    same generator state after, as eager (dropout's noise on CPU tensors); it costs one upload of the mask."""
-    mask = torch.empty(tuple(out.shape), dtype=out.dtype).bernoulli_(p, generator=generator)
+    same generator state after, as eager (dropout's noise on CPU tensors), drawn in the memory order of ``out``'s
+    strides as eager's kernel draws; it costs one upload of the mask."""
+    mask = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype).bernoulli_(p, generator=generator)
     return em.asarray(mask.numpy(), device=x.device)
 
 
@@ -187,7 +188,7 @@ def _bernoulli_of(out, p, *, generator=None):
     """``torch.bernoulli(p)`` for a tensor of probabilities: PyTorch's CPU kernel draws one uniform an element, in
     order, from the generator, and keeps ``uniform < p``; the uniforms are drawn so on the host and uploaded (one
     upload of ``p``'s size), the comparison runs on the device."""
-    uniform = torch.empty(tuple(out.shape), dtype=out.dtype).uniform_(0, 1, generator=generator)
+    uniform = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype).uniform_(0, 1, generator=generator)
     return em.less(em.asarray(uniform.numpy(), device=p.device), p)
 
 

@@ -1,10 +1,11 @@
 """The ember tensor: a ``torch.Tensor`` wrapper subclass whose elements are an ember array.
 
-PyTorch sees an ordinary tensor (shape, dtype, ``requires_grad``, contiguous strides, device
-``cpu``); autograd runs above it as it does for every tensor, and each aten op that reaches the
-tensor's ``__torch_dispatch__`` is lowered onto ember (lowering.py) and runs on the array's
-device — locally, on a peer (lazily, batched), or into a capture. Nothing here reads values except
-the reads themselves (``item()``, ``.cpu()``, ``.numpy()``, ``.tolist()``, ``print``).
+PyTorch sees an ordinary tensor (shape, dtype, ``requires_grad``, device ``cpu``, and the strides
+its meta kernels give, so ``is_contiguous()``, ``view`` and ``empty_like`` behave as in eager);
+autograd runs above it as it does for every tensor, and each aten op that reaches the tensor's
+``__torch_dispatch__`` is lowered onto ember (lowering.py) and runs on the array's device —
+locally, on a peer (lazily, batched), or into a capture. Nothing here reads values except the reads
+themselves (``item()``, ``.cpu()``, ``.numpy()``, ``.tolist()``, ``print``).
 
 Aliasing. A tensor's array lives in a :class:`Storage` that ``detach()``, ``.data``, ``alias``
 and ``nn.Parameter`` share, so an in-place op (which rebinds the storage's array) is seen by all
@@ -37,7 +38,7 @@ VIEWS = {aten.view.default, aten.t.default, aten.transpose.int, aten.permute.def
          aten.select.int}
 HOST_SOURCES = {aten.copy.default}  # ops that take a host tensor of any size (uploaded): ``copy_`` loads state dicts
 IN_PLACE_FUNCTIONAL = {aten.bernoulli_.float: aten.bernoulli.p}  # in-place overloads named unlike their functional
-READS = {aten._local_scalar_dense.default}  # no meta kernel: a value, not a tensor, comes back
+READS = {aten._local_scalar_dense.default, aten._fused_sdp_choice.default}  # a value, not a tensor, comes back
 
 
 class Storage:
@@ -69,10 +70,10 @@ class Tensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
-    def __new__(cls, storage: Storage, requires_grad: bool = False):
+    def __new__(cls, storage: Storage, requires_grad: bool = False, strides=None):
         array = storage.array
-        tensor = torch.Tensor._make_wrapper_subclass(cls, array.shape, dtype=to_torch(array.dtype), device="cpu",
-                                                     requires_grad=requires_grad)
+        tensor = torch.Tensor._make_wrapper_subclass(cls, array.shape, strides=strides, dtype=to_torch(array.dtype),
+                                                     device="cpu", requires_grad=requires_grad)
         tensor._storage = storage
         return tensor
 
@@ -124,7 +125,7 @@ class Tensor(torch.Tensor):
         if name.startswith("_foreach_"):
             return _foreach(func, args, kwargs)
         if func in ALIASES:
-            return Tensor(args[0]._storage)
+            return Tensor(args[0]._storage, strides=args[0].stride())
         if func in LOWERINGS:
             return _lowered(func, args, kwargs)
         if name.endswith("_") and not name.endswith("__"):
@@ -132,9 +133,12 @@ class Tensor(torch.Tensor):
         return _decomposed(func, args, kwargs)
 
 
-def _lowered(func, args, kwargs):
-    """``func`` through its lowering: PyTorch's meta kernel for the result's metas, ember for its values."""
+def _lowered(func, args, kwargs, strides=None):
+    """``func`` through its lowering: PyTorch's meta kernel for the result's metas, ember for its values
+    (``strides``: the result's, where it is written into a tensor of its own layout)."""
     out = None if func in READS else metas(func, args, kwargs)
+    if strides is not None and out.stride() != strides:  # what draws noise fills in memory order (lowering_cnn.py)
+        out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device="meta")
     result = LOWERINGS[func](out, *_unwrap(func, args), **dict(zip(kwargs, _unwrap(func, tuple(kwargs.values())))))
     if func in READS:
         return result
@@ -204,7 +208,7 @@ def _signature(value):
     """A hashable form of an argument: a tensor's shape and dtype, a scalar's type and value (1, 1.0 and True
     promote differently), containers element by element."""
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.dtype)
+        return (tuple(value.shape), value.stride(), value.dtype)
     if isinstance(value, (list, tuple)):
         return tuple(_signature(v) for v in value)
     if isinstance(value, dict):
@@ -213,10 +217,10 @@ def _signature(value):
 
 
 def _meta(x):
-    """What PyTorch's meta kernel is given for an argument: a meta tensor of the same shape and dtype (and the
-    meta device where a device is named)."""
+    """What PyTorch's meta kernel is given for an argument: a meta tensor of the same shape, strides and dtype (and
+    the meta device where a device is named)."""
     if isinstance(x, torch.Tensor):
-        return torch.empty(x.shape, dtype=x.dtype, device="meta")
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     return torch.device("meta") if isinstance(x, torch.device) else x
 
 
@@ -241,7 +245,7 @@ def _wrap(result, out, func, base: Storage | None):
         return type(out)(_wrap(r, o, func, base) for r, o in zip(result, out))
     if not isinstance(out, torch.Tensor):
         return result
-    return Tensor(Storage(_as(result, out, func), base))
+    return Tensor(Storage(_as(result, out, func), base), strides=out.stride())
 
 
 def _as(array: em.Array, out: torch.Tensor, func) -> em.Array:
@@ -260,8 +264,20 @@ def _in_place(func, args, kwargs):
                               f"{func.overloadpacket.__name__[:-1]}, which has none)")
     self = args[0]
     out = metas(func, args, kwargs)  # PyTorch's checks too: the shape kept, the dtype castable
-    self._storage.rebind(_as(_lowered(functional, args, kwargs)._storage.array, out, func), func)
+    args = _with_defaults(func, args, kwargs)  # the functional form may have no default where this one has
+    result = _lowered(functional, args, kwargs, strides=self.stride())
+    self._storage.rebind(_as(result._storage.array, out, func), func)
     return self
+
+
+def _with_defaults(func, args: tuple, kwargs: dict) -> tuple:
+    """``args`` with the positional arguments PyTorch leaves out of a dispatch at their schema's defaults."""
+    full = list(args)
+    for argument in func._schema.arguments[len(args):]:
+        if argument.kwarg_only or argument.name in kwargs or not argument.has_default_value():
+            break
+        full.append(argument.default_value)
+    return tuple(full)
 
 
 _FOREACH_OVERLOADS = {"List": ("Tensor", "default"), "Scalar": ("Scalar", "Tensor", "default"),
