@@ -139,3 +139,20 @@ def test_bench_runs_its_suites_in_fresh_processes_and_prints_their_spread(tmp_pa
     if meets(1.0, first["target"]) is not None:
         assert "/2" in line  # how many of the two runs met its target
     assert main(["bench", "capture", "--runs", "0"]) == 2
+
+
+def test_torch_suite_reports_the_encoder_step_with_one_round_trip_a_step(tmp_path):
+    """``ember bench torch --quick``: the Transformer-encoder step on a peer, on numpy and over a delay line."""
+    pytest.importorskip("torch")
+    path = tmp_path / "torch.json"
+    assert main(["bench", "torch", "--quick", "--json", str(path)]) == 0
+    (report,) = json.loads(path.read_text())
+    rows = {row["name"]: row for row in report["rows"]}
+    step = rows["(a) Transformer-encoder AdamW step, torch:cpu peer"]
+    assert step["baseline_name"] == "torch eager" and step["target"] == "≤ 1.30x" and step["round_trips"] == 1
+    line = rows["(c) the line's cost: step through it less the step straight"]
+    assert line["baseline_name"] == "RTT" and line["round_trips"] == 1  # loss.item(): the step's one wait
+    assert rows["(b) one op through ember.torch, numpy"]["ember"] > 0
+    for row in report["rows"]:
+        assert row["baseline"] > 0 and math.isfinite(row["ratio"]), row
+    assert any("not built yet" in note for note in report["notes"])

@@ -180,8 +180,9 @@ def _bernoulli(out, x, p=0.5, *, generator=None):
     """A 0/1 mask drawn on the host by PyTorch's own CPU kernel and generator, then uploaded: the same mask, and the
     same generator state after, as eager (dropout's noise on CPU tensors), drawn in the memory order of ``out``'s
     strides as eager's kernel draws; it costs one upload of the mask."""
-    mask = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype).bernoulli_(p, generator=generator)
-    return em.asarray(mask.numpy(), device=x.device)
+    # drawn as bool: PyTorch's CPU kernel draws the same mask for any dtype, and a quarter of float32's bytes go up
+    mask = torch.empty_strided(out.shape, out.stride(), dtype=torch.bool).bernoulli_(p, generator=generator)
+    return em.asarray(mask.numpy(), device=x.device)  # the dispatcher casts it to out's dtype, on the device
 
 
 def _bernoulli_of(out, p, *, generator=None):

@@ -139,7 +139,11 @@ def _lowered(func, args, kwargs, strides=None):
     out = None if func in READS else metas(func, args, kwargs)
     if strides is not None and out.stride() != strides:  # what draws noise fills in memory order (lowering_cnn.py)
         out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device="meta")
-    result = LOWERINGS[func](out, *_unwrap(func, args), **dict(zip(kwargs, _unwrap(func, tuple(kwargs.values())))))
+    lower = LOWERINGS[func]
+    if kwargs:
+        result = lower(out, *_unwrap(func, args), **{name: _unwrapped(func, value) for name, value in kwargs.items()})
+    else:
+        result = lower(out, *_unwrap(func, args))
     if func in READS:
         return result
     if isinstance(result, Writes):  # an op that also writes into arguments (batch norm's running statistics)
@@ -208,12 +212,13 @@ def _signature(value):
     """A hashable form of an argument: a tensor's shape and dtype, a scalar's type and value (1, 1.0 and True
     promote differently), containers element by element."""
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.stride(), value.dtype)
-    if isinstance(value, (list, tuple)):
-        return tuple(_signature(v) for v in value)
-    if isinstance(value, dict):
-        return tuple((k, _signature(v)) for k, v in value.items())
-    return (type(value), value)
+        return (value.shape, value.stride(), value.dtype)
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return tuple([_signature(v) for v in value])
+    if kind is dict:
+        return tuple([(k, _signature(v)) for k, v in value.items()])
+    return (kind, value)
 
 
 def _meta(x):
@@ -226,17 +231,24 @@ def _meta(x):
 
 def _unwrap(func, values: tuple) -> list:
     """The arguments a lowering takes: ember arrays for ember tensors, scalars for 0-d host tensors."""
-    def unwrap(x):
-        if isinstance(x, Tensor):
-            return x._storage.array
-        if isinstance(x, torch.Tensor):
-            if x.dim() == 0:
-                return x.item()
-            if func not in HOST_SOURCES:
-                raise MixedDevicesError(f"{func}: a host tensor of shape {tuple(x.shape)} met an ember tensor; move it "
-                                        f"with ember.torch.to_device — at {user_line()}")
+    return [_unwrapped(func, value) for value in values]
+
+
+def _unwrapped(func, x):
+    """One argument of :func:`_unwrap`; lists and tuples (aten's only containers) element by element."""
+    if isinstance(x, Tensor):
+        return x._storage.array
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0:
+            return x.item()
+        if func not in HOST_SOURCES:
+            raise MixedDevicesError(f"{func}: a host tensor of shape {tuple(x.shape)} met an ember tensor; move it "
+                                    f"with ember.torch.to_device — at {user_line()}")
         return x
-    return [tree_map(unwrap, value) for value in values]
+    kind = type(x)
+    if kind is list or kind is tuple:
+        return kind([_unwrapped(func, v) for v in x])
+    return x
 
 
 def _wrap(result, out, func, base: Storage | None):
@@ -250,9 +262,10 @@ def _wrap(result, out, func, base: Storage | None):
 
 def _as(array: em.Array, out: torch.Tensor, func) -> em.Array:
     """A lowering's array in ``out``'s dtype, checked against ``out``'s shape (a mismatch is a lowering's bug)."""
-    if array.shape != tuple(out.shape) and not (array.shape == (0,) and func in EAGER_EMPTY):
+    if array.shape != out.shape and not (array.shape == (0,) and func in EAGER_EMPTY):
         raise AssertionError(f"{func}: the lowering made shape {array.shape}, PyTorch's meta kernel {tuple(out.shape)}")
-    return em.astype(array, to_ember(out.dtype)) if array.dtype != to_ember(out.dtype) else array
+    target = to_ember(out.dtype)
+    return em.astype(array, target) if array.dtype != target else array
 
 
 def _in_place(func, args, kwargs):
