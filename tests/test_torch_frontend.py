@@ -331,6 +331,78 @@ def test_on_capture_a_training_step_records_without_executing_and_a_read_says_so
         loss.item()
 
 
+def _sgd_step(device, jitted: bool):
+    """The MLP's SGD-with-momentum step as a function of the batch; ``jitted``: through ember.torch.jit."""
+    torch.manual_seed(0)
+    model = MODELS["mlp"][0]()
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    if device is not None:
+        model, x, y = et.to_device(model, device), et.to_device(x, device), et.to_device(y, device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return (et.jit(step) if jitted else step), model, x, y
+
+
+@pytest.mark.parametrize("where", ["numpy", "jax:cpu", "torch-peer"])
+def test_a_jitted_training_step_is_captured_once_and_replays_eagers_losses(where, request):
+    if where == "jax:cpu" and not jax_available():
+        pytest.skip("jax is not installed")
+    device = em.device(request.getfixturevalue("torch_peer").url() if where == "torch-peer" else where)
+    eager, model, x, y = _sgd_step(None, False)
+    expected = [float(eager(x, y)) for _ in range(STEPS)]
+    step, model, x, y = _sgd_step(device, True)
+    before = em.stats(device) if device.kind == "remote" else None
+    losses = [float(step(x, y).cpu()) for _ in range(STEPS)]
+    np.testing.assert_allclose(losses, expected, rtol=1e-5, atol=1e-6)
+    assert len(step.captures) == 1 and model[0].weight.grad.ember_device == device  # .grad rebound after each replay
+    graph = step.graph  # inputs: the batch, the parameters and their momentum; outputs: loss, both again, the grads
+    assert [name for name, _, _ in graph.inputs].count("arg0") == 1 and len(graph.inputs) == 2 + 4 + 4
+    assert len(graph.outputs) == 1 + 4 + 4 + 4
+    if before is not None:  # one warm-up step eagerly, then one registration and a reference a call
+        after = em.stats(device)
+        assert after["graphs_registered"] - before["graphs_registered"] == 1
+        assert after["graph_runs"] - before["graph_runs"] == STEPS - 1
+        assert after["round_trips"] - before["round_trips"] == STEPS  # each loss read
+
+
+def test_a_jitted_steps_graph_saves_exports_to_onnx_and_verifies_across_backends(tmp_path):
+    step, model, x, y = _sgd_step("numpy", True)
+    for _ in range(3):
+        step(x, y)
+    graph = step.graph
+    loaded = em.load_graph(graph.save(tmp_path / "step.ember"))
+    inputs = {name: np.random.default_rng(0).integers(0, 3, meta.shape) if meta.dtype == em.int64 else
+              np.random.default_rng(1).standard_normal(meta.shape).astype(np.float32) for name, _, meta in graph.inputs}
+    np.testing.assert_array_equal(em.asnumpy(loaded(**inputs, device="numpy")[0]), em.asnumpy(graph(**inputs)[0]))
+    backends = ["numpy", "torch:cpu"] + (["jax:cpu"] if jax_available() else [])
+    report = graph.verify(backends, inputs)
+    assert report.ok, str(report)
+    pytest.importorskip("onnx")
+    assert graph.to_onnx(tmp_path / "step.onnx").stat().st_size > 0
+
+
+def test_a_jitted_step_recaptures_for_new_shapes_and_refuses_reads_and_host_noise():
+    step, model, x, y = _sgd_step("numpy", True)
+    step(x, y)
+    step(x, y)
+    step(x[:8], y[:8])
+    assert len(step.captures) == 2
+    held = x.cpu()
+    read = et.jit(lambda x: x.sum().item(), warmup=0)
+    with pytest.raises(em.errors.CaptureError, match=r"read a value while captured .*return tensors instead"):
+        read(x)
+    noisy = et.jit(lambda x: torch.nn.functional.dropout(x, 0.5), warmup=0)
+    with pytest.raises(em.errors.CaptureError, match="noise drawn on the host"):
+        noisy(x)
+    assert torch.equal(x.cpu(), held)  # a refused capture leaves its tensors as they were, on their device
+
+
 def test_an_op_without_a_lowering_raises_a_typed_error_naming_it_and_the_users_line():
     x = _on([0.5, 1.0])
     with pytest.raises(et.UnloweredOpError) as raised:

@@ -28,11 +28,12 @@ from __future__ import annotations
 import torch
 
 from ..errors import SignatureError
+from .capture import jit
 from .errors import AliasingError, MixedDevicesError, UnloweredOpError
 from .lowering import LOWERINGS
 from .tensor import IN_PLACE_FUNCTIONAL, Tensor, from_torch, per_tensor
 
-__all__ = ["Tensor", "to_device", "supported_ops", "UnloweredOpError", "AliasingError", "MixedDevicesError"]
+__all__ = ["Tensor", "to_device", "jit", "supported_ops", "UnloweredOpError", "AliasingError", "MixedDevicesError"]
 
 
 def to_device(model_or_tensor, device):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 import ember as em
-from ember.errors import NotSupportedError
+from ember.errors import CaptureError, NotSupportedError
 
 aten = torch.ops.aten
 
@@ -176,10 +176,18 @@ def _batch_norm_backward(out, grad, x, weight, running_mean, running_var, save_m
             grad_bias if output_mask[2] else None)
 
 
+def _on_the_host(x, op: str) -> None:
+    """Noise is drawn on the host, so a captured graph would replay one draw: refused on a capture device."""
+    if x.device.kind == "capture":
+        raise CaptureError(f"{op}: noise drawn on the host (dropout's) would repeat at each replay of a captured "
+                           f"graph; capture in eval mode (model.eval()), or without dropout")
+
+
 def _bernoulli(out, x, p=0.5, *, generator=None):
     """A 0/1 mask drawn on the host by PyTorch's own CPU kernel and generator, then uploaded: the same mask, and the
     same generator state after, as eager (dropout's noise on CPU tensors), drawn in the memory order of ``out``'s
     strides as eager's kernel draws; it costs one upload of the mask."""
+    _on_the_host(x, "aten.bernoulli")
     # drawn as bool: PyTorch's CPU kernel draws the same mask for any dtype, and a quarter of float32's bytes go up
     mask = torch.empty_strided(out.shape, out.stride(), dtype=torch.bool).bernoulli_(p, generator=generator)
     return em.asarray(mask.numpy(), device=x.device)  # the dispatcher casts it to out's dtype, on the device
@@ -189,6 +197,7 @@ def _bernoulli_of(out, p, *, generator=None):
     """``torch.bernoulli(p)`` for a tensor of probabilities: PyTorch's CPU kernel draws one uniform an element, in
     order, from the generator, and keeps ``uniform < p``; the uniforms are drawn so on the host and uploaded (one
     upload of ``p``'s size), the comparison runs on the device."""
+    _on_the_host(p, "aten.bernoulli")
     uniform = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype).uniform_(0, 1, generator=generator)
     return em.less(em.asarray(uniform.numpy(), device=p.device), p)
 

@@ -41,6 +41,16 @@ IN_PLACE_FUNCTIONAL = {aten.bernoulli_.float: aten.bernoulli.p}  # in-place over
 READS = {aten._local_scalar_dense.default, aten._fused_sdp_choice.default}  # a value, not a tensor, comes back
 
 
+_RECORDING = None  # the capture.Recording of an ember.torch.jit capture in progress, else None
+
+
+def record(recording):
+    """Start (a capture.Recording) or end (None) recording what ops read and write; the recording."""
+    global _RECORDING
+    _RECORDING = recording
+    return recording
+
+
 class Storage:
     """The ember array one tensor and its aliases share; ``base``/``views`` link a view and its base."""
 
@@ -48,6 +58,8 @@ class Storage:
 
     def __init__(self, array: em.Array, base: Storage | None = None):
         self.array = array
+        if _RECORDING is not None:
+            _RECORDING.made.add(self)
         self.base = weakref.ref(base) if base is not None else None
         self.views: weakref.WeakSet = weakref.WeakSet()
         if base is not None:
@@ -60,6 +72,8 @@ class Storage:
             other = "its base" if base is not None else "a view of it"
             raise AliasingError(f"{op}: an in-place op on a tensor while {other} is alive cannot reach it on an ember "
                                 f"device (ember arrays are values); clone() first — at {user_line()}")
+        if _RECORDING is not None:
+            _RECORDING.rebinding(self)
         self.array = array
 
 
@@ -237,7 +251,7 @@ def _unwrap(func, values: tuple) -> list:
 def _unwrapped(func, x):
     """One argument of :func:`_unwrap`; lists and tuples (aten's only containers) element by element."""
     if isinstance(x, Tensor):
-        return x._storage.array
+        return x._storage.array if _RECORDING is None else _RECORDING.array_of(x._storage)
     if isinstance(x, torch.Tensor):
         if x.dim() == 0:
             return x.item()
