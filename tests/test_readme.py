@@ -36,6 +36,8 @@ def test_python_block_prints_what_the_readme_states(index):
     source = BLOCKS[index]
     if "import ray" in source:  # the Ray block: ember[ray], which the test extra installs
         pytest.importorskip("ray")
+    if "import torch" in source:  # ember.torch: the torch extra, which the quickstart's test command installs
+        pytest.importorskip("torch")
     if '"jax:' in source:  # a jax device: the test extra installs jax where it runs (Python 3.11 and newer)
         pytest.importorskip("jax")
     filename = f"README.md block {index}"
