@@ -831,7 +831,8 @@ def test_a_new_sessions_counters_start_at_zero_and_count_its_frames(peer):
     import uuid
     fresh = em.device(peer.url(token=uuid.uuid4().hex))
     assert em.stats(fresh) == {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
-                               "graphs_registered": 0, "graph_runs": 0, "keepalives": 0}
+                               "graphs_registered": 0, "graph_runs": 0, "keepalives": 0, "resumes": 0,
+                               "resume_seconds": 0.0, "batches_replayed": 0}
     np.testing.assert_array_equal(em.asnumpy(em.asarray(np.arange(4.0), device=fresh)), np.arange(4.0))
     stats = em.stats(fresh)
     assert (stats["round_trips"], stats["batches"], stats["ops"]) == (1, 1, 0)

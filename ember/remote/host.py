@@ -25,6 +25,7 @@ from ..wire.protocol import CAPABILITY_BYTES, Frame, Limits
 from .access import NotPermitted, Throttle, Throttled, Viewer, is_guess, single_token
 from .failures import Failure
 from .memory import Budget, BufferPool
+from .resume import RESUME_WINDOW, Parking
 from .session import KEPT_CHARACTERS, RECENT_ERRORS, Reply, Session
 from .tensors import error_kind
 from .transfers import Fetch, Grant, Transfers
@@ -97,8 +98,10 @@ class Host:
     sessions. :meth:`open` is the handshake, fed the first frame."""
 
     def __init__(self, devices: list[LocalDevice], token: str | None, limits: Limits, budget: Budget | None = None, *,
-                 authorize=None, max_sessions: int | None = None, transfers: Transfers | None = None):
+                 authorize=None, max_sessions: int | None = None, transfers: Transfers | None = None,
+                 resume_window: float = RESUME_WINDOW):
         self.devices, self.token, self.limits = devices, token, limits
+        self.parking = Parking(resume_window)  # resumable sessions, and those waiting for their client (resume.py)
         self.identity = uuid.uuid4().hex  # tells a client that two of its sessions are on this one peer
         self.transfers = transfers if transfers is not None else Transfers()  # grants, for every session
         self.authorize = authorize or (single_token(token) if token else None)
@@ -251,10 +254,65 @@ class Host:
         window = header.get("keepalive")  # the longest silence the client waits through
         if type(window) in (int, float) and 0 < window < 1e6:
             info["keepalive"] = max(window / 4, MIN_KEEPALIVE)  # "alive" frames this often while a batch runs
+        if header.get("resume") is True and self.parking.window > 0:  # kept for its client if the connection is lost
+            info["secret"], info["window"] = self.parking.issue(session), self.parking.window
         return session, [(info, [])]
+
+    def resume(self, frame: Frame, address: str = "") -> tuple[Session | None, list[Reply]]:
+        """A ``resume`` frame, the first of a new connection: the session it names back, if the
+        frame proves it is its client — its secret, and the token the access rule admits again (a
+        named client must be the same) — with the ``resumed`` reply (the highest batch handled) and
+        the replies to that batch where the client has not seen them; else None and a refusal,
+        ``"gone": true`` where retrying cannot help. The session's lock is the caller's to take."""
+        header = frame.header
+
+        def refuse(kind: str, reason: str, **extra) -> tuple[None, list[Reply]]:
+            self.failed(address, kind, reason)
+            return None, [({"t": "refuse", "kind": kind, "reason": reason, **extra}, [])]
+
+        if header.get("v") != wire.VERSION:
+            return refuse("ProtocolError", f"protocol version {header.get('v')!r} is not supported: this peer speaks "
+                                           f"version {wire.VERSION}")
+        wanted = header.get("session")
+        if header.get("peer") != self.identity:
+            return refuse("ConnectionLost", "the peer restarted since the session began: its arrays are gone", gone=True)
+        token = header.get("token")
+        wait = self.throttle.admit(address, time.monotonic())  # the try counts as a failure until it passes
+        if wait:  # guesses of secrets are throttled as guesses of tokens are
+            return refuse("AccessDenied", str(Throttled(address, wait)), wait=round(wait, 3))
+        session = self.parking.find(wanted, header.get("secret"))
+        if session is None:
+            return refuse("ConnectionLost", f"the session cannot be resumed: {self.parking.why_gone(wanted)}", gone=True)
+        if self.authorize is not None:
+            try:
+                verdict = self.authorize(address, token, header.get("device", 0))
+            except Exception as error:  # noqa: BLE001 — refused, or a broken authorizer: not resumed
+                return refuse("AccessDenied", _redact(str(error), token))
+            if verdict is False or (isinstance(verdict, str) and verdict != session.client):
+                return refuse("AccessDenied", "this token is not the session's client's")
+        self.throttle.passed(address)
+        session.address = address
+        resumable = session.resumable
+        answer = {"t": "resumed", "v": wire.VERSION, "session": session.id, "ack": resumable.done}
+        acked = header.get("acked")
+        kept_n, kept = resumable.kept
+        return session, [(answer, [])] + (kept if type(acked) is int and kept_n > acked else [])
+
+    def park(self, session: Session, now: float) -> None:
+        """``session``'s connection is lost: keep it for its client, for the resume window."""
+        self.parking.park(session, now)
+
+    def expire(self, now: float) -> int:
+        """Close the parked sessions whose window has passed; how many."""
+        late = self.parking.expired(now)
+        for session in late:
+            self.close(session)
+        return len(late)
 
     def close(self, session: Session) -> None:
         """Forget ``session`` and free its tensors (its client went away)."""
+        if session.resumable is not None:
+            self.parking.forget(session, "its client closed it")
         with self.registry.lock:
             if session in self.registry.sessions:  # its counters stay in the peer's totals
                 with self.watch_lock:

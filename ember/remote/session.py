@@ -84,6 +84,7 @@ class Session:
         self.allocate = self.uploads.allocate  # the frame reader's hook, once the session is open
         self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
         self._outgoing = 0  # bytes of the segments of the reply being built (a reply is one frame)
+        self.resumable = None  # a resume.Resumable where the client asked for a session that resumes (host.py)
 
     limits = property(lambda self: self.quota.limits, lambda self, limits: setattr(self.quota, "limits", limits))
 
@@ -110,6 +111,17 @@ class Session:
 
     # -- the frame handler --
     def handle(self, frame: Frame) -> list[tuple[dict, list]]:
+        resumable = self.resumable
+        if resumable is not None and frame.header.get("t") == "batch":
+            n = frame.header.get("n")
+            if not resumable.admit(n):  # handled before the connection was lost, and sent again: run once
+                self.uploads.begin(frame.segments)
+                self.uploads.end(frame.segments)
+                return resumable.repeat(n)
+            return resumable.handled(n, frame.header, self._handle_new(frame))
+        return self._handle_new(frame)
+
+    def _handle_new(self, frame: Frame) -> list[tuple[dict, list]]:
         table = self.table
         if self.replying:  # the last replies were sent before this frame was read: their copies are gone
             self.quota.give(self.replying)

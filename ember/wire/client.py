@@ -39,6 +39,7 @@ from ..errors import ArgumentError, ConnectionLost, EmberError, NotSupportedErro
 from . import protocol as wire
 from .messages import REPLIES, Error, Fetch, Forget, Grant, Graph, Op, Put, RunGraph, parse
 from .protocol import Limits
+from .replay import RESUME_BUFFER, Outbox
 from .runs import Run, encode_run
 from .tcp import TimedOut
 
@@ -55,11 +56,12 @@ _tuple_new = tuple.__new__  # a record from its fields, without the Python call 
 # ~0.4 µs of a one-op read's ~8 µs of client time. The records are their schema, and the peer's.
 
 
-def init_frame(device: int, token: str | None, keepalive: float | None) -> list:
-    """The session's first frame: the device index asked for, the token, and the longest silence
-    the client waits through (None: it asks for no keepalives). The peer names the session."""
+def init_frame(device: int, token: str | None, keepalive: float | None, resume: bool = False) -> list:
+    """The session's first frame: the device index asked for, the token, the longest silence the
+    client waits through (None: it asks for no keepalives), and whether it asks for a session that
+    resumes after a lost connection. The peer names the session."""
     init = {"t": "init", "v": wire.VERSION, "device": device, "token": token}
-    return wire.encode_frame(init | ({"keepalive": keepalive} if keepalive else {}))
+    return wire.encode_frame(init | ({"keepalive": keepalive} if keepalive else {}) | ({"resume": True} if resume else {}))
 
 
 def refusal(header: dict, device) -> EmberError:
@@ -111,8 +113,11 @@ class ClientProtocol:
     errors name it; inputs of type ``handle`` (with an ``id``) are tensors, others literals;
     ``clock`` times the batch (BATCH_SECONDS)."""
 
-    def __init__(self, info: dict, name: str = "the peer", handle: type = object, clock=time.perf_counter):
+    def __init__(self, info: dict, name: str = "the peer", handle: type = object, clock=time.perf_counter,
+                 resume_buffer: int = RESUME_BUFFER):
         self.info, self.name, self.handle, self.clock = info, name, handle, clock
+        # a resumable session (the peer gave it a secret) numbers its batches and keeps them until acknowledged
+        self.outbox = Outbox(resume_buffer) if isinstance(info.get("secret"), bytes) else None
         self.limits = Limits.from_dict(info.get("limits", {}))
         self.dtypes = info.get("dtypes", ())
         self.ids = itertools.count(1)  # tensor ids: next() of a count is atomic, so taken without a lock
@@ -120,7 +125,8 @@ class ClientProtocol:
         self.drops: deque = deque()    # ids the program let go (a handle's __del__ appends them, without a lock)
         self.ended: str | None = None  # why the peer ended the session, once it has
         self.counters = {"ops": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0, "batches": 0,
-                         "graphs_registered": 0, "graph_runs": 0, "keepalives": 0}
+                         "graphs_registered": 0, "graph_runs": 0, "keepalives": 0, "resumes": 0, "resume_seconds": 0.0,
+                         "batches_replayed": 0}
         self._rids = itertools.count(1)
         self._gids = itertools.count(1)
         self._graph_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> its number here
@@ -179,7 +185,8 @@ class ClientProtocol:
         tid = next(self.ids)
         if host.nbytes > INLINE_BYTES:
             self.flush()  # keep order
-            self._outgoing.append(wire.encode_frame({"t": "batch", "m": (Put(tid, 0),)}, [host]))
+            # a resumable session may send it again after a lost connection: a copy, which the caller cannot change
+            self._frame((Put(tid, 0),), [host if self.outbox is None else np.array(host, copy=True)])
             return tid
         if self.log:
             self._take_log()
@@ -285,6 +292,10 @@ class ClientProtocol:
             self.counters["keepalives"] += 1
         elif kind == "error":
             self.ended = f"the peer ended the session: {header.get('reason')}"
+        if self.outbox is not None:
+            acked = header.get("ack", header.get("n") if kind == "ack" else None)
+            if acked is not None:
+                self.outbox.acknowledge(acked)
         for reply in header.get("m", ()):
             if type(reply) is tuple and len(reply) > 1 and reply[1] == rid:
                 record, size = _REPLY_SIZES.get(reply[0], _UNKNOWN)
@@ -294,6 +305,24 @@ class ClientProtocol:
                     raise wire.error_from_reply(reply[2], reply[3])
                 return _tuple_new(record, reply), frame.segments
         return None
+
+    # -- resuming a session after a lost connection (wire/replay.py) --
+    def resume_frame(self, device: int, token: str | None, keepalive: float | None) -> list:
+        """The first frame of a new connection that resumes this session: its id and resume secret,
+        the peer it lives on, and the highest batch number acknowledged so far."""
+        info = self.info
+        return wire.encode_frame({"t": "resume", "v": wire.VERSION, "session": info.get("session"),
+                                  "secret": info.get("secret"), "peer": info.get("peer"), "device": device,
+                                  "token": token, "keepalive": keepalive, "acked": self.outbox.acked})
+
+    def resumed(self, header: dict) -> list:
+        """Take the peer's ``resumed`` answer (the highest batch number it handled): the frames to
+        send again, oldest first — every batch it has not handled."""
+        self.outbox.acknowledge(header.get("ack"))
+        frames = self.outbox.frames()
+        self.counters["resumes"] += 1
+        self.counters["batches_replayed"] += len(frames)
+        return frames
 
     # -- the batch --
     def _take_log(self) -> None:
@@ -398,4 +427,18 @@ class ClientProtocol:
             elif message[0] == "op":
                 ops += 1
         self.counters["ops"] += ops
-        self._outgoing.append(wire.encode_frame({"t": "batch", "m": tuple(messages)}, segments))
+        self._frame(tuple(messages), segments)
+
+    def _frame(self, messages: tuple, segments: list) -> None:
+        """A batch frame to send; in a resumable session numbered, and kept until acknowledged."""
+        outbox = self.outbox
+        if outbox is None:
+            self._outgoing.append(wire.encode_frame({"t": "batch", "m": messages}, segments))
+            return
+        n = outbox.number()
+        header = {"t": "batch", "m": messages, "n": n}
+        if outbox.asking():
+            header["ask"] = True
+        frame = wire.encode_frame(header, segments)
+        outbox.keep(n, frame, sum(len(b) if type(b) is bytes else b.nbytes for b in frame))
+        self._outgoing.append(frame)
