@@ -2,7 +2,7 @@
 
     ember serve --device D --listen HOST:PORT [--token-file F | --tokens-file F] [--tls-cert F --tls-key F]
                 [--max-sessions N] [--idle-timeout S] [--handshake-timeout S] [--insecure]
-                [--tls-ca F] [--transfer-ttl S] [--fetch-from ADDRS]
+                [--tls-ca F] [--transfer-ttl S] [--fetch-from ADDRS] [--resume-window S]
                                    host D's backend as a compute peer
     ember demo                     the whole job in one command: peer, remote, training, capture
     ember devices [PEER]           list the local devices (or a compute peer's, or with ray://auto
@@ -111,7 +111,7 @@ def _serve(args) -> int:
                         limits=limits, tls_cert=args.tls_cert, tls_key=args.tls_key, max_sessions=args.max_sessions,
                         idle_timeout=args.idle_timeout, handshake_timeout=args.handshake_timeout,
                         max_memory=args.max_memory, tls_ca=args.tls_ca, transfer_ttl=args.transfer_ttl,
-                        fetch_from=args.fetch_from)
+                        fetch_from=args.fetch_from, resume_window=args.resume_window)
         server.start()
     except (EmberError, OSError) as error:
         print(f"ember serve: {error}", file=sys.stderr)
@@ -207,6 +207,7 @@ def _graph(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ember`` command."""
+    from .remote.resume import RESUME_WINDOW
     from .remote.server import HANDSHAKE_SECONDS, IDLE_SECONDS, MAX_SESSIONS
     from .remote.transfers import TTL
     top = argparse.ArgumentParser(prog="ember", description="ember: array computing on any device.")
@@ -272,6 +273,10 @@ def parser() -> argparse.ArgumentParser:
                        help="the peers this peer may fetch tensors from (x.to_device between peers): addresses, networks "
                             "or host names, each with or without :PORT, comma-separated (127.0.0.1,10.0.0.0/8,gpu-box:7878; "
                             "default none: moves only between this peer's own sessions)")
+    serve.add_argument("--resume-window", type=float, default=RESUME_WINDOW, metavar="SECONDS",
+                       help=f"a session whose connection is lost is kept this long for its client to resume it, its "
+                            f"tensors counted in the memory budget as before (default {RESUME_WINDOW:g}; 0: a lost "
+                            f"connection ends the session)")
     serve.set_defaults(run=_serve)
 
     devices = commands.add_parser("devices", help="list the local devices, or a compute peer's",

@@ -2,6 +2,9 @@ import os
 
 # a client waits for a silent peer up to EMBER_TIMEOUT (600 s by default); in tests a hang should fail in a minute
 os.environ.setdefault("EMBER_TIMEOUT", "60")
+# a client dials a lost peer again for EMBER_RESUME seconds (300 by default); in tests a peer that is gone is found
+# gone in two (the resume tests set their own)
+os.environ.setdefault("EMBER_RESUME", "2")
 # a Ray cluster the tests start runs on 127.0.0.1 only, its node address included (Ray's own switch
 # for one-machine clusters, read when ray is imported); off by default on Linux
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -27,12 +27,13 @@ import pytest
 
 import ember as em
 from ember.devices import RemoteDevice
-from ember.engines.remote import connect, keepalive_window
+from ember.engines.remote import connect
 from ember.remote.access import BAD_TOKEN, TokenFile, single_token
 from ember.remote.host import Host, hosted_devices
 from ember.remote.memory import TENSOR_OVERHEAD, BufferPool
 from ember.wire import protocol as wire
 from ember.wire import tcp, websocket
+from ember.wire.client import keepalive_window
 
 from .conftest import REMOTE_SCHEMES, too_large
 from .peers import Peer
@@ -258,7 +259,7 @@ def _raw_socket_from(address: str, source: str, timeout: float = 5) -> socket.so
 
 
 def test_a_peer_serves_at_most_max_sessions_and_as_many_handshakes(monkeypatch):
-    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 5.0)
+    monkeypatch.setattr("ember.engines.dialing.DEFAULT_TIMEOUT", 5.0)
     with Peer("--max-sessions", "2") as peer:
         first, second = (device_of(peer.url(scheme)) for scheme in REMOTE_SCHEMES)
         kept = [em.ones(2, device=first), em.ones(2, device=second)]
@@ -378,7 +379,7 @@ def named_peer(tmp_path_factory):
 
 @pytest.mark.parametrize("scheme", REMOTE_SCHEMES)
 def test_each_client_of_a_tokens_file_opens_only_its_devices(named_peer, scheme, monkeypatch):
-    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 5.0)
+    monkeypatch.setattr("ember.engines.dialing.DEFAULT_TIMEOUT", 5.0)
     assert "with a tokens file" in named_peer.output[0]
     for token in (ALICE, CAROL):
         assert float(em.sum(em.ones(3, device=device_of(named_peer.url(scheme, token=token))))) == 3.0

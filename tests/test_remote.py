@@ -517,7 +517,7 @@ def guarded(tmp_path_factory):
                                    True, TOKEN.encode(), (TOKEN,), {"token": TOKEN}], ids=repr)
 @pytest.mark.parametrize("scheme", REMOTE_SCHEMES)
 def test_only_the_exact_token_opens_a_session(guarded, scheme, token, monkeypatch):
-    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 5.0)  # a peer that never answers fails, and soon
+    monkeypatch.setattr("ember.engines.dialing.DEFAULT_TIMEOUT", 5.0)  # a peer that never answers fails, and soon
     host, port = guarded.address.rsplit(":", 1)
     kept = em.ones(3, device=em.device(guarded.url(scheme, token=TOKEN)))  # a session open across the refusals
     start = time.monotonic()
@@ -583,7 +583,9 @@ def test_a_peer_restarted_at_the_same_address_is_met_with_a_new_session(scheme, 
         fresh = em.asarray(np.arange(10, dtype=np.uint8), device=device)
         np.testing.assert_array_equal(em.asnumpy(fresh + 1), np.arange(1, 11))
         with pytest.raises(em.ConnectionLost, match=r"^add: an input lives in a lost session with .*; its data is gone "
-                                                   r"\(lost the connection to .*: the peer closed the"):
+                                                   r"\(lost the connection to .*: the peer closed the .*; the "
+                                                   r"session cannot be resumed: the peer restarted since the session "
+                                                   r"began"):
             old + 1
         assert float(em.sum(em.ones(5, device=device))) == 5.0  # the new session lives on
 
@@ -625,7 +627,12 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-def test_client_killed_mid_stream_frees_its_tensors(peer):
+def test_client_killed_mid_stream_frees_its_tensors_once_its_resume_window_passes():
+    with Peer("--resume-window", "1") as peer:
+        _killed_client_frees_its_tensors(peer)
+
+
+def _killed_client_frees_its_tensors(peer):
     observer = em.device(peer.url("ws"))
     base = observer.engine.peer_stats()["live_tensors"]
     client = subprocess.Popen([sys.executable, "-c", CLIENT, peer.url()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -635,7 +642,9 @@ def test_client_killed_mid_stream_frees_its_tensors(peer):
         assert observer.engine.peer_stats()["live_tensors"] >= base + 50
         client.kill()
         client.wait(10)
-        deadline = time.monotonic() + 10
+        time.sleep(0.5)  # parked: kept for its client, within the window
+        assert observer.engine.peer_stats()["live_tensors"] >= base + 50
+        deadline = time.monotonic() + 10  # the window (1 s) and the peer's check of it (every 2 s)
         while observer.engine.peer_stats()["live_tensors"] != base and time.monotonic() < deadline:
             time.sleep(0.05)
         assert observer.engine.peer_stats()["live_tensors"] == base
@@ -798,7 +807,7 @@ def test_a_client_takes_only_an_info_reply_to_its_init_and_small(monkeypatch, re
     refusal (as the error its kind names, or a ProtocolError for a kind this client does not know)
     or silence (to the init, or to a WebSocket upgrade before it) fails the session at once, naming
     why, and closes the connection."""
-    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 0.5)
+    monkeypatch.setattr("ember.engines.dialing.DEFAULT_TIMEOUT", 0.5)
     port, ended = _answering_an_init(reply)
     scheme = "ws" if "upgrade" in message else "ember"
     start = time.monotonic()

@@ -78,7 +78,9 @@ class Pair:
     def resume(self, address: str = "127.0.0.1:6000", **changed):
         """A new connection's resume frame through the Host: the session back and the frames it answers."""
         header = frames_of([self.client.resume_frame(0, self.token, None)])[0].header | changed
-        return self.host.resume(wire.Frame(header, []), address)
+        frame = wire.Frame(header, [])
+        session, refusal = self.host.resume(frame, address)
+        return (session, refusal) if session is None else (session, self.host.resumed(session, frame, address))
 
 
 def test_the_outbox_keeps_frames_until_acknowledged_and_refuses_an_ack_beyond_the_last():

@@ -99,7 +99,7 @@ def test_a_peer_out_of_files_pauses_and_serves_the_clients_that_waited_once_file
     """Was: accept() failed with EMFILE and the accept loop returned; the process lived on, said
     nothing and never accepted again. Now it logs why it pauses, tries again, and the client that
     connected meanwhile (it waited in the listen backlog) is served once files come back."""
-    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 40.0)
+    monkeypatch.setattr("ember.engines.dialing.DEFAULT_TIMEOUT", 40.0)
     with Peer("--max-sessions", "400", "--handshake-timeout", "60") as peer:
         files = len(os.listdir(f"/proc/{peer.pid}/fd"))
         resource.prlimit(peer.pid, resource.RLIMIT_NOFILE, (files + 12, files + 12))  # a dozen files to spare

@@ -204,7 +204,7 @@ def test_an_expired_certificate_is_refused(expired_peer, pki, scheme):
 
 @pytest.mark.parametrize("plain", ["ember", "ws"])
 def test_a_plain_client_of_a_tls_peer_is_refused_at_once(tls_peer, plain, monkeypatch):
-    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 600.0)
+    monkeypatch.setattr("ember.engines.dialing.DEFAULT_TIMEOUT", 600.0)
     start = time.monotonic()
     with pytest.raises(em.TLSError, match="this peer requires TLS: connect with embers:// .TCP. or wss://"):
         em.ones(1, device=em.device(tls_peer.url(plain)))
@@ -228,7 +228,7 @@ def test_a_plain_fetch_from_a_tls_peer_is_refused_before_its_capability_is_looke
 
 
 def test_a_tls_client_of_a_plain_peer_fails_at_once(peer, pki, scheme, monkeypatch):
-    monkeypatch.setattr("ember.engines.remote.DEFAULT_TIMEOUT", 600.0)
+    monkeypatch.setattr("ember.engines.dialing.DEFAULT_TIMEOUT", 600.0)
     start = time.monotonic()
     with pytest.raises(em.TLSError, match=rf"^{scheme}://{peer.address}: the TLS handshake failed .*does not seem to "
                                           rf"serve TLS"):

@@ -8,25 +8,22 @@ meta is known (most) is only logged, without a lock, in the protocol's log.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 
 import numpy as np
 
 from .. import profiling
-from ..backends.buffers import BufferCache
 from ..errors import ConnectionLost, EmberError
 from ..ops.table import Meta
 from ..wire import messages
-from ..wire.client import ClientProtocol, init_frame, keepalive_window, refusal, silent, unanswered
-from ..wire.protocol import HANDSHAKE_LIMITS, Limits
-from ..wire.tcp import TimedOut, spin_wait, spin_window
+from ..wire.client import ClientProtocol, silent
+from ..wire.tcp import TimedOut, spin_wait
 from .base import Engine
+from .dialing import handshake, reconnect
 from .sessions import PeerTransfers, check_inputs, lost_session  # lost_session: distributed.py's too
 from .watch import check as quiet_check
 
-DEFAULT_TIMEOUT = float(os.environ.get("EMBER_TIMEOUT", "600"))
 QUIET_READ = 1.0  # a frame a quiet connection holds is read within this many seconds (read_unasked)
 _clock = time.perf_counter
 
@@ -55,11 +52,13 @@ class RemoteEngine(PeerTransfers, Engine):
     reads wait up to EMBER_TIMEOUT); ``spin`` how long a wait for a reply polls before it sleeps
     (EMBER_SPIN_US)."""
 
-    def __init__(self, device, connection, info: dict, window: float | None = None, spin: float = 0.0):
+    def __init__(self, device, connection, info: dict, window: float | None = None, spin: float = 0.0,
+                 resume_for: float = 0.0, resume_buffer: int = 0):
         self.device, self.connection, self.info, self.spin = device, connection, info, spin
         self.name = str(device)  # as profiles name it (never with the token)
         self.window = window if info.get("keepalive") else None
-        self.protocol = protocol = ClientProtocol(info, self.name, RemoteHandle, _clock)
+        self.resume_for = resume_for  # seconds a lost connection is dialled again for (EMBER_RESUME; dialing.py)
+        self.protocol = protocol = ClientProtocol(info, self.name, RemoteHandle, _clock, resume_buffer)
         self.limits, self.dtypes, self.counters = protocol.limits, protocol.dtypes, protocol.counters
         self._ids, self._log, self._drops = protocol.ids, protocol.log, protocol.drops  # the hot path's, lock-free
         self._due, self._request, self._receive = protocol.due, protocol.request, protocol.receive_frame  # bound once
@@ -166,7 +165,8 @@ class RemoteEngine(PeerTransfers, Engine):
                 self.counters["bytes_up"] += self.connection.send(frame)
                 self.counters["batches"] += 1
             except ConnectionLost as error:
-                raise self._lose(error) from None
+                self._recover(error)  # resumed: this frame and those after it were sent again, as unacknowledged
+                return
             self.last_io, self.recheck = _clock(), True
 
     check = quiet_check  # the device's call before the next batch: when to read what came unasked (watch.py) …
@@ -185,7 +185,16 @@ class RemoteEngine(PeerTransfers, Engine):
                 pass  # part of a frame: the rest is read with the next reply
             except ConnectionLost as error:
                 if self.lost is None:
-                    self._lose(error)
+                    self._recover(error, raising=False)
+
+    def _recover(self, error: EmberError, raising: bool = True) -> None:
+        """The connection is lost (``error``): resume the session on a new one (dialing.py), else lose
+        it — raising the loss unless ``raising`` is False."""
+        ended = reconnect(self, error) if self.lost is None else self.lost
+        if ended is not None:
+            lost = self.lost or self._lose(ended)
+            if raising:
+                raise lost from None
 
     def _lose(self, error: ConnectionLost) -> ConnectionLost:
         self.lost = ConnectionLost(f"lost the connection to {self.device}: {error}")
@@ -215,10 +224,12 @@ class RemoteEngine(PeerTransfers, Engine):
         while True:
             try:
                 frame = self.connection.receive(self.window)
-            except TimedOut as error:  # silent for EMBER_TIMEOUT, or through a keepalive window
-                raise self._lose(error if self.window is None else silent(self.window)) from None
+            except TimedOut as error:  # silent for EMBER_TIMEOUT, or through a keepalive window: dialled again
+                self._recover(error if self.window is None else silent(self.window))
+                continue  # resumed: the reply comes on the new connection (kept by the peer, or of a batch sent again)
             except ConnectionLost as error:
-                raise self._lose(error) from None
+                self._recover(error)
+                continue
             self.last_io, self.recheck = _clock(), True
             answer = self._receive(frame, rid)
             if self.protocol.ended is not None:
@@ -228,22 +239,5 @@ class RemoteEngine(PeerTransfers, Engine):
 
 
 def connect(device) -> RemoteEngine:
-    """Open a session with the peer of ``device`` (a RemoteDevice) and return its engine."""
-    from ..wire import tcp, tls, websocket
-    window, spin = keepalive_window(), spin_window()
-    module = websocket if device.scheme in ("ws", "wss") else tcp
-    context = tls.client_context(device.tls_ca) if device.tls else None
-    # nothing large before the handshake is done, on either side
-    connection = module.connect(device.host, device.port, HANDSHAKE_LIMITS, timeout=DEFAULT_TIMEOUT, tls=context,
-                                allocate=BufferCache(capacity=64 << 20, recall=True).allocate)
-    try:
-        connection.send(init_frame(device.index, device.token, window))
-        info = connection.receive().header
-    except EmberError as error:  # lost, silent, or a reply no peer sends (over a handshake's limits, malformed)
-        connection.close()
-        raise unanswered(error, device, DEFAULT_TIMEOUT) from None
-    if info.get("t") != "info":
-        connection.close()
-        raise refusal(info, device)
-    connection.set_limits(Limits.from_dict(info.get("limits", {})))
-    return RemoteEngine(device, connection, info, window, spin)
+    """Open a session with the peer of ``device`` (a RemoteDevice) and return its engine (dialing.py)."""
+    return RemoteEngine(device, *handshake(device))

@@ -14,6 +14,7 @@ that the peer is alive. Nothing here computes: the shell only moves bytes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
@@ -56,12 +57,13 @@ class Connections:
     (which the server closes as it stops), both under ``lock``; and the ``heartbeat``, whose thread
     the server runs."""
 
-    def __init__(self, hosting, sources: Sources, runner, *, tls: ssl.SSLContext | None, limits: Limits,
+    def __init__(self, hosting, sources: Sources, runner, *, tls: ssl.SSLContext | None, limits: Limits, stopping,
                  idle_timeout: float | None, handshake_timeout: float, spin: float, slots: Slots,
                  lock: threading.Lock, links: set[Link], heartbeat: Heartbeat):
         self.hosting, self.sources, self.runner, self.tls = hosting, sources, runner, tls
         self.limits, self.idle_timeout, self.handshake_timeout, self.spin = limits, idle_timeout, handshake_timeout, spin
         self.slots, self.lock, self.links, self.heartbeat = slots, lock, links, heartbeat
+        self.stopping = stopping  # whether the peer is stopping: a lost session is then closed, not parked
         self.busy_log = _Throttled(LOG_EVERY)  # connections refused as busy
         self.lost_log = _Throttled(LOG_EVERY)  # connections lost to a lack of files or memory
         self.unchecked_log = _Throttled(LOG_EVERY)  # handshakes refused unchecked: their address must wait
@@ -73,6 +75,7 @@ class Connections:
         closed, whatever happens."""
         link = session = None
         who = address
+        lost = False  # the connection was lost (not closed, timed out or refused): a resumable session is parked
         slot = _Slot(self.slots.handshakes, key, self.lock)
         try:
             pool = self.hosting.pool  # one pool for the peer, within its memory budget
@@ -87,10 +90,20 @@ class Connections:
             if init.header.get("t") == "fetch" and not plain_on_tls:  # another peer, fetching a granted tensor
                 self._answer_fetches(link, init, address, slot, deadline)
                 return
+            resuming = init.header.get("t") == "resume" and not plain_on_tls
             if plain_on_tls:  # refused after its init frame is read, so the refusal is not lost to a reset
                 replies = [({"t": "refuse", "kind": "TLSError", "reason": _TLS_REQUIRED}, [])]
+            elif resuming:  # a session whose connection was lost, claimed back by its client (remote/resume.py)
+                session, replies = self.hosting.resume(init, address)
+                if session is not None:
+                    session = self._take_over(session, link, deadline)
+                    replies = self.hosting.resumed(session, init, address) if session is not None else [
+                        ({"t": "refuse", "kind": "PeerBusy", "reason": "the session's old connection still holds it; "
+                                                                         "try again"}, [])]
             else:
                 session, replies = self.hosting.open(init, pool, address)
+                if session is not None and session.resumable is not None:
+                    session.resumable.lock.acquire()  # this connection serves it until it is parked or closed
             slot.give_back()  # done, before the client hears of it: it may connect again at once
             link.send(replies)
             if session is None:
@@ -103,7 +116,11 @@ class Connections:
             info = replies[0][0]
             name = session.client  # its authorizer's name for it, else its address
             who = name if name == address else f"{name} ({address})"
-            log.info("%s: session opened on device %s (%s)", who, init.header.get("device", 0), info["device"])
+            if resuming:
+                log.info("%s: session resumed (batch %d handled)", who, info["ack"])
+            else:
+                log.info("%s: session opened on device %s (%s)", who, init.header.get("device", 0), info["device"])
+            session.holder = link
             self._converse(link, session, info, who)
         except ProtocolError as error:
             log.warning("%s: closing the connection: %s", who, error)
@@ -116,13 +133,24 @@ class Connections:
         except ssl.SSLError as error:  # a client that refused the certificate, or spoke something else
             log.warning("%s: closing a TLS connection: %s", who, error.reason or error)
         except (EmberError, OSError) as error:  # the client went away, or missed its handshake deadline …
+            lost = True
             scarce = _scarcity(error)
             if scarce is not None:  # … or this process ran out of memory or buffers: that is the peer's to say
                 self.lost_log.note(f"{who}: connection lost: {scarce}")
         except Exception:  # never let one session take the server down
             log.exception("%s: unexpected error in a session", who)
         finally:
-            if session is not None:
+            if session is not None and session.resumable is not None:
+                session.holder = None
+                if lost and not self.stopping():  # kept for its client to resume, for the resume window
+                    self.hosting.park(session, time.monotonic())
+                    log.info("%s: connection lost; the session is kept %g s for its client to resume", who,
+                             self.hosting.parking.window)
+                else:
+                    self.hosting.close(session)
+                    log.info("%s: session closed", who)
+                session.resumable.lock.release()
+            elif session is not None:
                 self.hosting.close(session)
                 log.info("%s: session closed", who)
             if link is not None:
@@ -133,6 +161,18 @@ class Connections:
             else:
                 sock.close()
             slot.give_back()
+
+    def _take_over(self, session, link: Link, deadline: float):
+        """``session``, its lock taken from the connection that served it (ended first, if it still
+        does: a half-open connection the client has given up on), or None if that connection does
+        not let go before ``deadline``."""
+        old = session.holder
+        if old is not None and old is not link:
+            with contextlib.suppress(OSError):
+                old.connection.sock.shutdown(socket.SHUT_RDWR)
+        if not session.resumable.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return None
+        return session
 
     def _answer_fetches(self, link: Link, init, address: str, slot: _Slot, deadline: float) -> None:
         """Answer another peer's fetch (``init``) in a slot of the fetches', then, once its capability

@@ -261,9 +261,9 @@ class Host:
     def resume(self, frame: Frame, address: str = "") -> tuple[Session | None, list[Reply]]:
         """A ``resume`` frame, the first of a new connection: the session it names back, if the
         frame proves it is its client — its secret, and the token the access rule admits again (a
-        named client must be the same) — with the ``resumed`` reply (the highest batch handled) and
-        the replies to that batch where the client has not seen them; else None and a refusal,
-        ``"gone": true`` where retrying cannot help. The session's lock is the caller's to take."""
+        named client must be the same) — and no reply; else None and a refusal,
+        ``"gone": true`` where retrying cannot help. The caller then takes the session's lock (its old
+        connection may still hold it) and answers with :meth:`resumed`."""
         header = frame.header
 
         def refuse(kind: str, reason: str, **extra) -> tuple[None, list[Reply]]:
@@ -291,12 +291,22 @@ class Host:
             if verdict is False or (isinstance(verdict, str) and verdict != session.client):
                 return refuse("AccessDenied", "this token is not the session's client's")
         self.throttle.passed(address)
+        return session, []
+
+    def resumed(self, session: Session, frame: Frame, address: str) -> list[Reply]:
+        """The answer to ``session``'s resume (``frame``, checked by :meth:`resume`), once the caller
+        holds its lock: ``resumed`` with the highest batch handled, then the replies to that batch if
+        the client has not seen them acknowledged."""
         session.address = address
         resumable = session.resumable
+        resumable.parked_at = None
         answer = {"t": "resumed", "v": wire.VERSION, "session": session.id, "ack": resumable.done}
-        acked = header.get("acked")
+        window = frame.header.get("keepalive")  # as at the handshake: "alive" frames while a batch runs
+        if type(window) in (int, float) and 0 < window < 1e6:
+            answer["keepalive"] = max(window / 4, MIN_KEEPALIVE)
+        acked = frame.header.get("acked")
         kept_n, kept = resumable.kept
-        return session, [(answer, [])] + (kept if type(acked) is int and kept_n > acked else [])
+        return [(answer, [])] + (kept if type(acked) is int and kept_n > acked else [])
 
     def park(self, session: Session, now: float) -> None:
         """``session``'s connection is lost: keep it for its client, for the resume window."""

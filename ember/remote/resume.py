@@ -48,6 +48,7 @@ class Resumable:
             return False
         if n != self.done + 1:
             raise ProtocolError(f"batch {n} came after batch {self.done}: the batches between were lost")
+        self.kept = (0, [])  # the client had the last replies before it sent more: their tensors' buffers may go
         return True
 
     def repeat(self, n: int) -> list:

@@ -31,6 +31,7 @@ from .fetching import Fetcher
 from .host import Host, hosted_devices
 from .memory import Budget, default_quota
 from .process import raise_file_limit, return_freed_memory
+from .resume import RESUME_WINDOW
 from .slots import Slots
 from .sources import Sources
 from .transfers import TTL, Transfers
@@ -107,10 +108,12 @@ class Server:
                  insecure: bool = False, limits: Limits = PEER_LIMITS, tls_cert: str | None = None,
                  tls_key: str | None = None, max_sessions: int = MAX_SESSIONS, idle_timeout: float | None = IDLE_SECONDS,
                  handshake_timeout: float = HANDSHAKE_SECONDS, max_memory: int | None = None,
-                 tls_ca: str | None = None, transfer_ttl: float = TTL, fetch_from=()):
+                 tls_ca: str | None = None, transfer_ttl: float = TTL, fetch_from=(), resume_window: float = RESUME_WINDOW):
         devices = hosted_devices(device)
         if not (isinstance(transfer_ttl, (int, float)) and 0 <= transfer_ttl < 1e9):
             raise ArgumentError(f"transfer_ttl is seconds ≥ 0, got {transfer_ttl!r}")
+        if not (isinstance(resume_window, (int, float)) and 0 <= resume_window < 1e9):
+            raise ArgumentError(f"resume_window is seconds ≥ 0 (0: sessions do not resume), got {resume_window!r}")
         self.host, self.port = _parse_listen(listen)
         if token and authorize:
             raise ArgumentError("pass a token or an authorizer, not both (--token-file or --tokens-file)")
@@ -142,7 +145,7 @@ class Server:
         self.handshake_timeout = handshake_timeout
         self.spin = spin_window()  # EMBER_SPIN_US: after a frame, how long to poll for the next one
         self.hosting = Host(devices, token or None, limits, budget, authorize=authorize, max_sessions=max_sessions,
-                            transfers=Transfers(transfer_ttl))
+                            transfers=Transfers(transfer_ttl), resume_window=resume_window)
         self._listener: socket.socket | None = None
         self._threads: set[threading.Thread] = set()
         self._links: set[Link] = set()  # the connections served now (closed by stop()), under _lock
@@ -153,6 +156,7 @@ class Server:
         self.sources = Sources(self.hosting, self._stopping, max_sessions, handshake_timeout)  # others' fetches
         self.fetcher = Fetcher(self.hosting, self._stopping, tls_ca, fetch_from)  # this peer's sessions' fetches
         self.connections = Connections(self.hosting, self.sources, self.fetcher.start, tls=self.tls, limits=limits,
+                                       stopping=self._stopping.is_set,
                                        idle_timeout=self.idle_timeout, handshake_timeout=handshake_timeout,
                                        spin=self.spin, slots=self.slots, lock=self._lock, links=self._links,
                                        heartbeat=self._heartbeat)
@@ -247,6 +251,7 @@ class Server:
     def _sample_loop(self) -> None:
         while not self._stopping.wait(SAMPLE_SECONDS):
             self.hosting.sample(time.time())
+            self.hosting.expire(time.monotonic())  # parked sessions past the resume window
             pool = self.hosting.pool
             pool.expire()  # idle buffers not reused for POOL_IDLE_SECONDS go back (all, once no session is open)
             if pool.let_go:  # … and their pages to the kernel

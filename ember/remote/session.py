@@ -85,6 +85,7 @@ class Session:
         self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
         self._outgoing = 0  # bytes of the segments of the reply being built (a reply is one frame)
         self.resumable = None  # a resume.Resumable where the client asked for a session that resumes (host.py)
+        self.holder = None     # the shell's link serving a resumable session, which a resume ends (connections.py)
 
     limits = property(lambda self: self.quota.limits, lambda self, limits: setattr(self.quota, "limits", limits))
 
