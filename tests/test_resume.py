@@ -198,8 +198,8 @@ def test_a_resume_must_prove_the_secret_and_the_same_client():
     assert pair.resume(secret=b"\0" * 32)[0] is None
     session, answer = pair.resume(secret=b"\0" * 32)
     assert session is None and answer[0][0]["gone"] and "cannot be resumed" in answer[0][0]["reason"]
-    assert pair.resume(peer="another peer")[1][0][0]["reason"] == ("the peer restarted since the session began: its "
-                                                                   "arrays are gone")
+    assert pair.resume(peer="another peer")[1][0][0]["reason"] == ("the session cannot be resumed: the peer restarted "
+                                                                   "since the session began")
     assert pair.resume(session="no such session")[0] is None
     assert pair.resume()[0] is pair.session  # the right secret from a new address
 

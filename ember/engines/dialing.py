@@ -119,8 +119,8 @@ def reconnect(engine, cause: EmberError) -> EmberError | None:
             if answer.get("t") != "resumed":
                 if answer.get("gone"):
                     connection.close()
-                    return ConnectionLost(f"{cause}; the session cannot be resumed: {answer.get('reason')}; every "
-                                          f"array of the session is lost with it")
+                    return ConnectionLost(f"{cause}; {answer.get('reason')}; every array of the session is lost "
+                                          f"with it")
                 raise refusal(answer, device)  # busy or throttled: dialled again
             connection.set_limits(protocol.limits)
             replayed = protocol.resumed(answer)

@@ -275,7 +275,8 @@ class Host:
                                            f"version {wire.VERSION}")
         wanted = header.get("session")
         if header.get("peer") != self.identity:
-            return refuse("ConnectionLost", "the peer restarted since the session began: its arrays are gone", gone=True)
+            return refuse("ConnectionLost", "the session cannot be resumed: the peer restarted since the session began",
+                          gone=True)
         token = header.get("token")
         wait = self.throttle.admit(address, time.monotonic())  # the try counts as a failure until it passes
         if wait:  # guesses of secrets are throttled as guesses of tokens are

@@ -1,0 +1,104 @@
+"""Sessions that resume, across real sockets: a real ``ember serve`` behind a fault line
+(tests/faults.py) that resets or closes the connection mid-stream, loses the peer's answer, or
+takes the link down; the client resumes the same session — same arrays, each batch run once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember as em
+
+from .faults import FaultLine
+from .peers import Peer
+
+SCHEMES = ["ember", "ws"]
+
+
+@pytest.fixture(scope="module")
+def peer():
+    with Peer("--resume-window", "30") as running:
+        yield running
+
+
+@pytest.fixture
+def resume(monkeypatch):
+    monkeypatch.setenv("EMBER_RESUME", "20")  # the suite's 2 s is for peers that are gone
+
+
+def _session_ops(device) -> int:
+    return device.engine.peer_stats()["session_ops"]
+
+
+@pytest.mark.parametrize("how", ["rst", "fin"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_chain_cut_midway_resumes_with_the_same_arrays_and_runs_each_op_once(peer, resume, scheme, how):
+    with FaultLine(peer.address) as line:
+        device = em.device(line.url(scheme))  # a line of its own: a session of its own
+        host = np.linspace(0, 1, 1000)
+        x = em.asarray(host, device=device)
+        kept = em.asarray(host * 2, device=device)
+        for _ in range(300):
+            x = x * 1.0001 + 0.5
+            host = host * 1.0001 + 0.5
+        device.engine.flush()
+        line.cut(how)
+        for _ in range(300):
+            x = x * 1.0001 + 0.5
+            host = host * 1.0001 + 0.5
+        np.testing.assert_allclose(em.asnumpy(x), host, rtol=1e-12)
+        np.testing.assert_array_equal(em.asnumpy(kept), np.linspace(0, 1, 1000) * 2)  # made before the cut
+        stats = em.stats(device)
+        assert stats["resumes"] == 1 and stats["resume_seconds"] < 5 and line.accepted == 2
+        assert _session_ops(device) == stats["ops"]  # the peer ran what the client sent, once
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_read_whose_answer_is_lost_is_answered_from_the_peers_kept_reply(peer, resume, scheme):
+    with FaultLine(peer.address) as line:
+        device = em.device(line.url(scheme))
+        x = em.asarray(np.arange(8.0), device=device)
+        y = em.sin(x) * 3
+        em.sync(device)
+        ops = _session_ops(device)
+        line.cut_on_answer = "rst"  # the next thing the peer sends is lost with the connection
+        np.testing.assert_allclose(em.asnumpy(y + 1), np.sin(np.arange(8.0)) * 3 + 1)
+        assert em.stats(device)["resumes"] == 1
+        assert _session_ops(device) == ops + 1  # the add ran once, though its batch's answer was lost
+
+
+def test_uploads_cut_midway_arrive_once_and_whole(peer, resume):
+    with FaultLine(peer.address) as line:
+        device = em.device(line.url())
+        chunks = [np.random.default_rng(i).random(1 << 20) for i in range(5)]  # 8 MiB each
+        arrays = []
+        for i, chunk in enumerate(chunks):
+            arrays.append(em.asarray(chunk, device=device))
+            if i == 2:
+                line.cut("rst")
+        chunks[0][:] = 0  # the caller's array changes after its upload: the peer has what was uploaded
+        for seed, array in enumerate(arrays):
+            np.testing.assert_array_equal(em.asnumpy(array), np.random.default_rng(seed).random(1 << 20))
+        assert em.stats(device)["resumes"] == 1 and device.engine.peer_stats()["session_tensors"] == 5
+
+
+def test_a_link_down_for_a_while_resumes_once_it_is_back(peer, resume):
+    with FaultLine(peer.address) as line:
+        device = em.device(line.url())
+        x = em.asarray(np.ones(4), device=device)
+        line.down(1.5)
+        np.testing.assert_array_equal(em.asnumpy(x + 1), 2 * np.ones(4))
+        stats = em.stats(device)
+        assert stats["resumes"] == 1 and 1.0 < stats["resume_seconds"] < 6
+
+
+def test_past_the_peers_window_the_client_gets_one_error_saying_why(resume):
+    with Peer("--resume-window", "1") as short, FaultLine(short.address) as line:
+        device = em.device(line.url())
+        x = em.asarray(np.ones(4), device=device)
+        em.sync(device)
+        line.down(4.5)  # the peer forgets the session after its 1 s window (checked every 2 s)
+        with pytest.raises(em.ConnectionLost, match=r"the session cannot be resumed: .*connection was lost more than "
+                                                    r"1 s ago \(the peer's --resume-window\); every array of the "
+                                                    r"session is lost with it"):
+            em.asnumpy(x + 1)
