@@ -64,7 +64,8 @@ def _probe(x):
 
 def filled(out, x, value, *args, **kwargs):
     """A creation op: ``value`` everywhere, in ``out``'s shape and dtype, on ``x``'s device."""
-    return em.full(tuple(out.shape), value, dtype=to_ember(out.dtype), device=x.device)
+    dtype = to_ember(out.dtype)
+    return em.full(tuple(out.shape), bool(value) if dtype == em.bool else value, dtype=dtype, device=x.device)
 
 
 def like(value):

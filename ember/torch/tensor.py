@@ -37,7 +37,8 @@ VIEWS = {aten.view.default, aten.t.default, aten.transpose.int, aten.permute.def
          aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.slice.Tensor,
          aten.select.int}
 HOST_SOURCES = {aten.copy.default}  # ops that take a host tensor of any size (uploaded): ``copy_`` loads state dicts
-IN_PLACE_FUNCTIONAL = {aten.bernoulli_.float: aten.bernoulli.p}  # in-place overloads named unlike their functional
+IN_PLACE_FUNCTIONAL = {  # in-place overloads named unlike their functional (pow.Scalar is (Scalar, Tensor))
+    aten.bernoulli_.float: aten.bernoulli.p, aten.pow_.Scalar: aten.pow.Tensor_Scalar, aten.pow_.Tensor: aten.pow.Tensor_Tensor}
 READS = {aten._local_scalar_dense.default, aten._fused_sdp_choice.default}  # a value, not a tensor, comes back
 
 
@@ -117,7 +118,14 @@ class Tensor(torch.Tensor):
 
     def to(self, *args, **kwargs):
         """``to("cpu")`` reads back to a plain tensor; a dtype alone casts on the ember device."""
-        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        # an ember array is a value: copy or not, the result is the same (_parse_to takes no copy: the bool after
+        # non_blocking, or the keyword, is left out)
+        kwargs.pop("copy", None)
+        if args and isinstance(args[0], Tensor):  # another ember tensor's dtype (its "cpu" is no host)
+            return super().to(args[0].dtype)
+        flags = [i for i, a in enumerate(args) if type(a) is bool]
+        parsed = [a for i, a in enumerate(args) if i not in flags[1:]]
+        device, dtype, _, _ = torch._C._nn._parse_to(*parsed, **kwargs)
         if device is not None and device.type == "cpu":
             host = self.cpu()
             return host if dtype is None else host.to(dtype)
