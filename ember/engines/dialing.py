@@ -20,8 +20,8 @@ import time
 
 from .. import profiling
 from ..backends.buffers import BufferCache
-from ..errors import ArgumentError, ConnectionLost, EmberError
-from ..wire.client import init_frame, keepalive_window, refusal, unanswered
+from ..errors import ConnectionLost, EmberError
+from ..wire.client import init_frame, keepalive_window, refusal, setting, unanswered
 from ..wire.protocol import HANDSHAKE_LIMITS, Limits
 from ..wire.replay import RESUME_BUFFER
 from ..wire.tcp import spin_window
@@ -32,25 +32,14 @@ RESUME_SECONDS = 300.0  # how long a lost connection is dialled again for, by de
 _clock = time.perf_counter
 
 
-def _setting(name: str, default: float, what: str) -> float:
-    text = os.environ.get(name, "")
-    try:
-        value = float(text) if text.strip() else default
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1e15:
-        raise ArgumentError(f"{name} must be {what}, got {text!r}")
-    return value
-
-
 def resume_seconds() -> float:
     """EMBER_RESUME: how long a lost connection is dialled again for, in seconds (0: a lost connection ends the session)."""
-    return _setting("EMBER_RESUME", RESUME_SECONDS, "a number of seconds ≥ 0 (0: sessions do not resume)")
+    return setting("EMBER_RESUME", RESUME_SECONDS, "a number of seconds ≥ 0 (0: sessions do not resume)", 1e15)
 
 
 def resume_buffer() -> int:
     """EMBER_RESUME_BUFFER: the bytes of unacknowledged batches a session keeps for a resume."""
-    return int(_setting("EMBER_RESUME_BUFFER", RESUME_BUFFER, "a number of bytes ≥ 0"))
+    return int(setting("EMBER_RESUME_BUFFER", RESUME_BUFFER, "a number of bytes ≥ 0", 1e15))
 
 
 def backoff(attempt: int, rand=random.random) -> float:

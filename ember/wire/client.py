@@ -90,17 +90,23 @@ def silent(window: float) -> ConnectionLost:
                           f"while it works: it is hung or unreachable")
 
 
+def setting(name: str, default: float, what: str, limit: float = 1e6) -> float:
+    """The number environment variable ``name`` holds (``default`` when it is unset or blank);
+    ArgumentError saying it must be ``what`` unless it is ≥ 0 and under ``limit``."""
+    text = os.environ.get(name, "")
+    try:
+        value = float(text) if text.strip() else default
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < limit:
+        raise ArgumentError(f"{name} must be {what}, got {text!r}")
+    return value
+
+
 def keepalive_window() -> float | None:
     """EMBER_KEEPALIVE: the longest silence a read waits through, in seconds, before the peer is
     declared lost (default 30; 0 turns keepalives off, and reads wait up to EMBER_TIMEOUT)."""
-    text = os.environ.get("EMBER_KEEPALIVE", "")
-    try:
-        window = float(text) if text.strip() else KEEPALIVE
-    except ValueError:
-        window = -1.0
-    if not 0 <= window < 1e6:
-        raise ArgumentError(f"EMBER_KEEPALIVE must be a number of seconds ≥ 0 and under 1000000 (0: no keepalives), got {text!r}")
-    return window or None
+    return setting("EMBER_KEEPALIVE", KEEPALIVE, "a number of seconds ≥ 0 and under 1000000 (0: no keepalives)") or None
 
 
 _REPLY_SIZES = {kind: (record, len(record._fields)) for kind, record in REPLIES.items()}  # a reply's length, checked
