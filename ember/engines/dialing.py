@@ -12,11 +12,13 @@ records the wait under the user's line, and one log line says "resumed after N s
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import random
 import time
+import weakref
 
 from .. import profiling
 from ..backends.buffers import BufferCache
@@ -60,6 +62,23 @@ def dial(device, timeout: float | None = None):
     # nothing large before the handshake is done, on either side
     return module.connect(device.host, device.port, HANDSHAKE_LIMITS, timeout=timeout or DEFAULT_TIMEOUT, tls=context,
                           allocate=BufferCache(capacity=64 << 20, recall=True).allocate)
+
+
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # the engines of open sessions, closed at exit (below)
+
+
+def opened(engine):
+    """Note ``engine``'s session as open: at exit it is closed, so that the peer frees it at once rather
+    than keeping it for its client to resume (a process's end closes its sockets as a drop would)."""
+    _OPEN.add(engine)
+    return engine
+
+
+@atexit.register
+def _close_open_sessions() -> None:
+    for engine in list(_OPEN):
+        with contextlib.suppress(Exception):
+            engine.close()
 
 
 def handshake(device) -> tuple:

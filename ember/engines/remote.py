@@ -20,7 +20,7 @@ from ..wire import messages
 from ..wire.client import ClientProtocol, silent
 from ..wire.tcp import TimedOut, spin_wait
 from .base import Engine
-from .dialing import handshake, reconnect
+from .dialing import handshake, opened, reconnect
 from .sessions import PeerTransfers, check_inputs, lost_session  # lost_session: distributed.py's too
 from .watch import check as quiet_check
 
@@ -240,4 +240,4 @@ class RemoteEngine(PeerTransfers, Engine):
 
 def connect(device) -> RemoteEngine:
     """Open a session with the peer of ``device`` (a RemoteDevice) and return its engine (dialing.py)."""
-    return RemoteEngine(device, *handshake(device))
+    return opened(RemoteEngine(device, *handshake(device)))
