@@ -82,14 +82,17 @@ def test_uploads_cut_midway_arrive_once_and_whole(peer, resume):
         assert em.stats(device)["resumes"] == 1 and device.engine.peer_stats()["session_tensors"] == 5
 
 
-def test_a_link_down_for_a_while_resumes_once_it_is_back(peer, resume):
+def test_a_link_down_for_a_while_resumes_once_it_is_back_and_the_profile_names_the_wait(peer, resume):
     with FaultLine(peer.address) as line:
         device = em.device(line.url())
         x = em.asarray(np.ones(4), device=device)
         line.down(1.5)
-        np.testing.assert_array_equal(em.asnumpy(x + 1), 2 * np.ones(4))
+        with em.profile() as profile:
+            np.testing.assert_array_equal(em.asnumpy(x + 1), 2 * np.ones(4))  # the line that waits
         stats = em.stats(device)
         assert stats["resumes"] == 1 and 1.0 < stats["resume_seconds"] < 6
+        (row,) = [r for r in profile.rows() if "resume" in r.kinds]
+        assert row.source.endswith("# the line that waits") and row.seconds >= 1.0
 
 
 def test_past_the_peers_window_the_client_gets_one_error_saying_why(resume):
