@@ -287,10 +287,10 @@ class Host:
         if self.authorize is not None:
             try:
                 verdict = self.authorize(address, token, header.get("device", 0))
-            except Exception as error:  # noqa: BLE001 — refused, or a broken authorizer: not resumed
-                return refuse("AccessDenied", _redact(str(error), token))
+            except Exception as error:  # noqa: BLE001 — refused, or a broken authorizer: not resumed, nor worth retrying
+                return refuse("AccessDenied", _redact(str(error), token), gone=True)
             if verdict is False or (isinstance(verdict, str) and verdict != session.client):
-                return refuse("AccessDenied", "this token is not the session's client's")
+                return refuse("AccessDenied", "this token is not the session's client's", gone=True)
         self.throttle.passed(address)
         return session, []
 
