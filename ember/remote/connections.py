@@ -7,9 +7,10 @@ its first frame. An ``init`` is the handshake of a session, which the sans-I/O
 :class:`~ember.remote.host.Host` opens; frames then move between the socket and the
 :class:`~ember.remote.session.Session` until the client closes or stays idle too long. A ``fetch``
 is another peer's, answered by :class:`~ember.remote.sources.Sources` on a link it may keep. A
+``resume`` claims back a session whose connection was lost (parked, not closed: ``resume.py``). A
 connection that came when the peer was full is answered ``PeerBusy`` in its own framing
-(:meth:`Connections.refuse`). The :class:`Heartbeat` keeps clients whose batch runs long informed
-that the peer is alive. Nothing here computes: the shell only moves bytes.
+(:meth:`Connections.refuse`). ``heartbeat.py`` keeps clients whose batch runs long informed that
+the peer is alive. Nothing here computes: the shell only moves bytes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..wire.tcp import TcpConnection, TimedOut, spin_wait, wait_limit
 from ..wire.tls import HANDSHAKE_RECORD
 from ..wire.websocket import accept as accept_websocket
 from . import http, status
+from .heartbeat import Heartbeat, Link
 from .memory import BufferPool
 from .slots import Slots
 from .sources import Sources
@@ -42,7 +44,6 @@ REFUSAL_SECONDS = 2      # a connection refused as busy: its first bytes, TLS an
 LOG_EVERY = 10           # seconds: a trouble that repeats (busy refusals, lost connections) is logged at most this often
 #: what a process runs out of: accept() (or a connection's receive) fails until files or memory come back
 SCARCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-_ALIVE = wire.encode_frame({"t": "alive"})
 _TLS_REQUIRED = "this peer requires TLS: connect with embers:// (TCP) or wss:// (WebSocket)"
 
 
@@ -95,11 +96,11 @@ class Connections:
                 replies = [({"t": "refuse", "kind": "TLSError", "reason": _TLS_REQUIRED}, [])]
             elif resuming:  # a session whose connection was lost, claimed back by its client (remote/resume.py)
                 session, replies = self.hosting.resume(init, address)
-                if session is not None:
-                    session = self._take_over(session, link, deadline)
-                    replies = self.hosting.resumed(session, init, address) if session is not None else [
-                        ({"t": "refuse", "kind": "PeerBusy", "reason": "the session's old connection still holds it; "
-                                                                         "try again"}, [])]
+                if session is not None and self._take_over(session.resumable, link, deadline):
+                    replies = self.hosting.resumed(session, init, address)
+                elif session is not None:
+                    session, replies = None, [({"t": "refuse", "kind": "PeerBusy", "reason": "the session's old "
+                                                "connection still holds it; try again"}, [])]
             else:
                 session, replies = self.hosting.open(init, pool, address)
                 if session is not None and session.resumable is not None:
@@ -120,7 +121,8 @@ class Connections:
                 log.info("%s: session resumed (batch %d handled)", who, info["ack"])
             else:
                 log.info("%s: session opened on device %s (%s)", who, init.header.get("device", 0), info["device"])
-            session.holder = link
+            if session.resumable is not None:
+                session.resumable.holder = link
             self._converse(link, session, info, who)
         except ProtocolError as error:
             log.warning("%s: closing the connection: %s", who, error)
@@ -141,7 +143,7 @@ class Connections:
             log.exception("%s: unexpected error in a session", who)
         finally:
             if session is not None and session.resumable is not None:
-                session.holder = None
+                session.resumable.holder = None
                 if lost and not self.stopping():  # kept for its client to resume, for the resume window
                     self.hosting.park(session, time.monotonic())
                     log.info("%s: connection lost; the session is kept %g s for its client to resume", who,
@@ -162,17 +164,15 @@ class Connections:
                 sock.close()
             slot.give_back()
 
-    def _take_over(self, session, link: Link, deadline: float):
-        """``session``, its lock taken from the connection that served it (ended first, if it still
-        does: a half-open connection the client has given up on), or None if that connection does
-        not let go before ``deadline``."""
-        old = session.holder
+    def _take_over(self, resumable, link: Link, deadline: float) -> bool:
+        """Take a resumed session's lock (its ``resumable``'s) from the connection that served it,
+        ending that one first if it still does (a half-open connection the client has given up on);
+        False if it does not let go before ``deadline``."""
+        old = resumable.holder
         if old is not None and old is not link:
             with contextlib.suppress(OSError):
                 old.connection.sock.shutdown(socket.SHUT_RDWR)
-        if not session.resumable.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            return None
-        return session
+        return resumable.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
 
     def _answer_fetches(self, link: Link, init, address: str, slot: _Slot, deadline: float) -> None:
         """Answer another peer's fetch (``init``) in a slot of the fetches', then, once its capability
@@ -333,79 +333,6 @@ class _Slot:
                 self.pool = None
 
 
-class Link:
-    """A served connection and what its two writers share: the session's thread, which sends
-    replies, and the heartbeat, which sends ``alive`` frames while a batch runs."""
-
-    def __init__(self, connection):
-        self.connection = connection
-        self.lock = threading.Lock()
-        self.interval: float | None = None     # seconds between alive frames (None: the client asked for none)
-        self.busy_since: float | None = None   # when the running batch started (None: between batches)
-        self.last_alive = 0.0
-
-    def send(self, replies) -> None:
-        """Send reply frames ((header, segments) pairs); the batch is over, so no alive frame follows."""
-        with self.lock:
-            self.busy_since = None
-            for header, segments in replies:
-                self.connection.send(wire.encode_frame(header, segments))
-
-    def beat(self, now: float) -> None:
-        """Send an alive frame if a batch has run an interval since it began or since the last one."""
-        started = self.busy_since
-        if started is None or now - max(started, self.last_alive) < self.interval:
-            return
-        if not self.lock.acquire(blocking=False):  # the session is sending replies: no need
-            return
-        try:
-            # busy_since is cleared under the lock before the session reads again: the socket is ours;
-            # a client that does not read (its buffers full) gets no alive frame rather than a stalled heartbeat
-            if self.busy_since is not None and _writable(self.connection.sock):
-                self.connection.send(_ALIVE)
-                self.last_alive = now
-        except EmberError:
-            pass  # the session's thread finds out for itself
-        finally:
-            self.lock.release()
-
-
-class Heartbeat:
-    """One thread for all sessions that asked for keepalives: each of their links beats every
-    half of the shortest interval."""
-
-    def __init__(self):
-        self.links: set[Link] = set()
-        self.wake = threading.Condition()
-        self.stopped = False
-
-    def add(self, link: Link) -> None:
-        """Beat ``link`` from now on (its session asked for keepalives)."""
-        with self.wake:
-            self.links.add(link)
-            self.wake.notify()  # its interval may be shorter than the current wait
-
-    def remove(self, link: Link) -> None:
-        """Beat ``link`` no more (its session ended)."""
-        with self.wake:
-            self.links.discard(link)
-
-    def run(self) -> None:
-        """Beat the links until :meth:`stop` (the server's ``ember-heartbeat`` thread)."""
-        with self.wake:
-            while not self.stopped:
-                self.wake.wait(min((link.interval for link in self.links), default=60.0) / 2)
-                now = time.monotonic()
-                for link in self.links:
-                    link.beat(now)
-
-    def stop(self) -> None:
-        """End :meth:`run` (the peer is stopping)."""
-        with self.wake:
-            self.stopped = True
-            self.wake.notify()
-
-
 class Refusal:
     """A connection being refused as busy, in a place of the reserve (``Slots.refusals``): its
     socket (the TLS one once TLS starts), so that a newer refusal can end it from the accept loop."""
@@ -451,12 +378,6 @@ def _scarcity(error: BaseException) -> OSError | None:
         if isinstance(cause, OSError) and cause.errno in SCARCE:
             return cause
     return None
-
-
-def _writable(sock: socket.socket) -> bool:
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    return bool(poller.poll(0))
 
 
 _POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the other end shut down its side, whatever bytes are unread

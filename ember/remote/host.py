@@ -15,6 +15,7 @@ import time
 import traceback
 import uuid
 from collections import Counter, deque
+from functools import partial
 
 from ..devices import LocalDevice
 from ..devices import device as as_device
@@ -118,6 +119,11 @@ class Host:
         self.history: deque[tuple] = deque(maxlen=HISTORY)  # (time, {counter: total}) every few seconds
         self.watch_lock = threading.Lock()  # guards the four above (taken after registry.lock, never before)
 
+    def _refused(self, address: str, kind: str, reason: str, **extra) -> tuple[None, list[Reply]]:
+        """No session, and the ``refuse`` reply saying why (counted as a failure of ``address``)."""
+        self.failed(address, kind, reason)
+        return None, [({"t": "refuse", "kind": kind, "reason": reason, **extra}, [])]
+
     def failed(self, client: str, kind: str, message: str) -> None:
         """Count a failure outside any session's ops (a refused handshake, a broken frame)."""
         with self.watch_lock:
@@ -195,10 +201,7 @@ class Host:
         header = frame.header
         if header.get("t") != "init":
             raise ProtocolError("the first frame must be an init")
-
-        def refuse(kind: str, reason: str, **extra) -> tuple[None, list[Reply]]:
-            self.failed(address, kind, reason)
-            return None, [({"t": "refuse", "kind": kind, "reason": reason, **extra}, [])]
+        refuse = partial(self._refused, address)
 
         version = header.get("v")
         if version != wire.VERSION:
@@ -251,9 +254,9 @@ class Host:
             "device": str(hosted), "devices": tuple(str(d) for d in self.devices), "device_count": len(self.devices),
             "dtypes": tuple(d.name for d in hosted.engine.backend.dtypes), "limits": self.limits.as_dict(),
         }
-        window = header.get("keepalive")  # the longest silence the client waits through
-        if type(window) in (int, float) and 0 < window < 1e6:
-            info["keepalive"] = max(window / 4, MIN_KEEPALIVE)  # "alive" frames this often while a batch runs
+        interval = _alive_interval(header)  # the client waits through header["keepalive"] s of silence
+        if interval:
+            info["keepalive"] = interval  # "alive" frames this often while a batch runs
         if header.get("resume") is True and self.parking.window > 0:  # kept for its client if the connection is lost
             info["secret"], info["window"] = self.parking.issue(session), self.parking.window
         return session, [(info, [])]
@@ -264,11 +267,7 @@ class Host:
         named client must be the same) — and no reply; else None and a refusal,
         ``"gone": true`` where retrying cannot help. The caller then takes the session's lock (its old
         connection may still hold it) and answers with :meth:`resumed`."""
-        header = frame.header
-
-        def refuse(kind: str, reason: str, **extra) -> tuple[None, list[Reply]]:
-            self.failed(address, kind, reason)
-            return None, [({"t": "refuse", "kind": kind, "reason": reason, **extra}, [])]
+        header, refuse = frame.header, partial(self._refused, address)
 
         if header.get("v") != wire.VERSION:
             return refuse("ProtocolError", f"protocol version {header.get('v')!r} is not supported: this peer speaks "
@@ -302,9 +301,9 @@ class Host:
         resumable = session.resumable
         resumable.parked_at = None
         answer = {"t": "resumed", "v": wire.VERSION, "session": session.id, "ack": resumable.done}
-        window = frame.header.get("keepalive")  # as at the handshake: "alive" frames while a batch runs
-        if type(window) in (int, float) and 0 < window < 1e6:
-            answer["keepalive"] = max(window / 4, MIN_KEEPALIVE)
+        interval = _alive_interval(frame.header)  # as at the handshake
+        if interval:
+            answer["keepalive"] = interval
         acked = frame.header.get("acked")
         kept_n, kept = resumable.kept
         return [(answer, [])] + (kept if type(acked) is int and kept_n > acked else [])
@@ -395,6 +394,15 @@ class Host:
             job.deliver(outcome.value)  # the native array itself: the destination adopts it, no host copy
         outcome.release()
         return True
+
+
+def _alive_interval(header: dict) -> float | None:
+    """How often to send "alive" frames while a batch runs, for a client that waits through
+    ``header["keepalive"]`` seconds of silence (an init or a resume), or None where it asked for none."""
+    window = header.get("keepalive")
+    if type(window) in (int, float) and 0 < window < 1e6:
+        return max(window / 4, MIN_KEEPALIVE)
+    return None
 
 
 def _redact(text: str, token) -> str:

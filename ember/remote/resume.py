@@ -29,7 +29,7 @@ class Resumable:
     """A resumable session's side of the numbering: the last batch handled and its replies, the
     secret its client proves itself with, and whether (since when) it is parked."""
 
-    __slots__ = ("secret", "done", "kept", "parked_at", "lock")
+    __slots__ = ("secret", "done", "kept", "parked_at", "lock", "holder")
 
     def __init__(self, secret: bytes):
         self.secret = secret
@@ -37,6 +37,7 @@ class Resumable:
         self.kept: tuple = (0, [])  # (n, replies) of the last batch handled: a resent one is answered from it
         self.parked_at = None   # when its connection was lost (it waits for a resume), else None
         self.lock = threading.Lock()  # held by the connection serving it: a resume waits for the old one to let go
+        self.holder = None      # the shell's link of that connection, which a resume ends (connections.py)
 
     def admit(self, n) -> bool:
         """Whether batch ``n`` is new (True) or one already handled and sent again after a resume

@@ -26,8 +26,9 @@ from ..wire.protocol import Limits
 from ..wire.tcp import spin_window
 from ..wire.tls import server_context
 from .access import host_key
-from .connections import Connections, Heartbeat, Link, Refusal
+from .connections import Connections, Refusal
 from .fetching import Fetcher
+from .heartbeat import Heartbeat, Link
 from .host import Host, hosted_devices
 from .memory import Budget, default_quota
 from .process import raise_file_limit, return_freed_memory

@@ -7,8 +7,9 @@ moves frames between these objects and sockets. Ops run through the same :class:
 local execution, after the op row's meta rule has validated them, so a peer executes nothing the
 table would refuse locally. The session's tensors are its :class:`TensorTable`'s (tensors.py),
 its graphs its :class:`Graphs`' (graphs.py); runs of ops seen before replay as plans (runs.py).
-Each message is read as its ``wire/messages.py`` record, which :func:`~ember.wire.messages.parse`
-checks (its length, each field's type), and each reply built as one: that module is the schema.
+Each message is checked against its ``wire/messages.py`` record by :func:`~ember.wire.messages.check`
+(its length, each field's type) and unpacked by the record's fields, and each reply built as one:
+that module is the schema.
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ class Session:
         self.replying = 0   # bytes of copies made for the last replies (sent by the time the next frame comes)
         self._outgoing = 0  # bytes of the segments of the reply being built (a reply is one frame)
         self.resumable = None  # a resume.Resumable where the client asked for a session that resumes (host.py)
-        self.holder = None     # the shell's link serving a resumable session, which a resume ends (connections.py)
 
     limits = property(lambda self: self.quota.limits, lambda self, limits: setattr(self.quota, "limits", limits))
 

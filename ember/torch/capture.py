@@ -94,7 +94,7 @@ class Jitted:
         if capture is None or not capture.fits():
             capture = self.captures[key] = _Capture(self, args)
             self.graph = capture.graph
-        return capture.replay(args)
+        return capture.replay(leaves)
 
     def __repr__(self) -> str:
         return f"<ember.torch.jit {self.__name__}: {len(self.captures)} captured>"
@@ -139,10 +139,10 @@ class _Capture:
         """Whether the state the graph reads is still of the shapes and dtypes it was captured with."""
         return all(s.array.shape == shape and s.array.dtype == dtype for _, s, shape, dtype in self.read)
 
-    def replay(self, args):
+    def replay(self, given: list):
+        """Run the graph on the state as it stands and ``given``, this call's flattened arguments."""
         if self.device is None:
             raise EmberError("ember.torch.jit: the function reads no ember tensor: nothing to run on a device")
-        given = tree_flatten(args)[0]
         inputs = [storage.array if position is None else given[position]._storage.array
                   for position, storage, _, _ in self.read]
         results = self.graph(*inputs, device=self.device)

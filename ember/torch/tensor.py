@@ -158,7 +158,8 @@ class Tensor(torch.Tensor):
 def _lowered(func, args, kwargs, strides=None):
     """``func`` through its lowering: PyTorch's meta kernel for the result's metas, ember for its values
     (``strides``: the result's, where it is written into a tensor of its own layout)."""
-    out = None if func in READS else metas(func, args, kwargs)
+    read = func in READS  # asked once: an overload's hash is a Python call, on every op
+    out = None if read else metas(func, args, kwargs)
     if strides is not None and out.stride() != strides:  # what draws noise fills in memory order (lowering_cnn.py)
         out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device="meta")
     lower = LOWERINGS[func]
@@ -166,7 +167,7 @@ def _lowered(func, args, kwargs, strides=None):
         result = lower(out, *_unwrap(func, args), **{name: _unwrapped(func, value) for name, value in kwargs.items()})
     else:
         result = lower(out, *_unwrap(func, args))
-    if func in READS:
+    if read:
         return result
     if isinstance(result, Writes):  # an op that also writes into arguments (batch norm's running statistics)
         _write(func, args, kwargs, result.written)
