@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ember.benchmarks.faults import FaultLine
 
 import ember as em
 
-from .faults import FaultLine
 from .peers import Peer
 
 SCHEMES = ["ember", "ws"]
@@ -102,6 +102,22 @@ def test_past_the_peers_window_the_client_gets_one_error_saying_why(resume):
         em.sync(device)
         line.down(4.5)  # the peer forgets the session after its 1 s window (checked every 2 s)
         with pytest.raises(em.ConnectionLost, match=r"the session cannot be resumed: .*connection was lost more than "
-                                                    r"1 s ago \(the peer's --resume-window\); every array of the "
-                                                    r"session is lost with it"):
+                                                    r"1 s ago \(the peer's --resume-window\), and its 1 array\(s\) on "
+                                                    r"the peer \(\d+ B\) were freed; every array of the session is "
+                                                    r"lost with it"):
             em.asnumpy(x + 1)
+
+
+def test_uploads_past_the_resume_buffer_wait_for_the_peer_to_acknowledge_them(peer, resume, monkeypatch):
+    bound, chunk = 20 << 20, 1 << 20  # 8 MiB uploads against a 20 MiB buffer
+    monkeypatch.setenv("EMBER_RESUME_BUFFER", str(bound))
+    with FaultLine(peer.address) as line:
+        device = em.device(line.url())
+        arrays = [em.asarray(np.full(chunk, float(i)), device=device) for i in range(6)]
+        outbox = device.engine.protocol.outbox
+        assert bound < outbox.peak < bound + 9 * chunk  # one upload past the bound at most, then a wait
+        assert outbox.held < bound and em.stats(device)["round_trips"] >= 2  # two syncs: after the 3rd and 6th
+        line.cut("rst")  # what is kept is what is sent again: nothing acknowledged is needed
+        for i, array in enumerate(arrays):
+            assert float(em.asnumpy(array)[-1]) == i
+        assert em.stats(device)["resumes"] == 1

@@ -142,7 +142,7 @@ def reconnect(engine, cause: EmberError) -> EmberError | None:
             continue
         engine.connection, engine.last_io = connection, _clock()
         seconds = _clock() - started
-        protocol.counters["resume_seconds"] += seconds
+        protocol.count_resume(len(replayed), seconds)
         if profiling.watching:
             profiling.record("resume", engine.name, seconds, 0)
         log.warning("%s: resumed after %.1f s (%s; %d batch(es) sent again)", engine.name, seconds, cause,

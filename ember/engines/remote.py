@@ -108,7 +108,10 @@ class RemoteEngine(PeerTransfers, Engine):
         return [RemoteHandle(self, tid) for tid in ids]
 
     def upload(self, host: np.ndarray) -> RemoteHandle:
-        return RemoteHandle(self, self._locked(self.protocol.put, host))
+        handle = RemoteHandle(self, self._locked(self.protocol.put, host))
+        if self.protocol.holding_too_much():  # past EMBER_RESUME_BUFFER: wait until the peer has what was sent
+            self.sync()
+        return handle
 
     def download(self, handle) -> np.ndarray:
         if handle.engine is not self:  # an array of an earlier session with this device

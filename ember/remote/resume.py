@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 
 from ..errors import ProtocolError
+from ..graphs.graph import format_bytes
 
 RESUME_WINDOW = 300.0  # seconds a lost session is kept for its client, by default (--resume-window)
 SECRET_BYTES = 32
@@ -105,8 +106,10 @@ class Parking:
             late = [s for s in self.sessions.values()
                     if s.resumable.parked_at is not None and now - s.resumable.parked_at > self.window]
         for session in late:
+            table = session.table
             self.forget(session, f"its connection was lost more than {self.window:g} s ago (the peer's "
-                                 f"--resume-window)")
+                                 f"--resume-window), and its {len(table.sizes)} array(s) on the peer "
+                                 f"({format_bytes(table.live_bytes())}) were freed")
         return late
 
     def forget(self, session, why: str) -> None:

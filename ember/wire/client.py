@@ -272,6 +272,11 @@ class ClientProtocol:
         if self._batch:
             self._encode_batch()
 
+    def holding_too_much(self) -> bool:
+        """Whether the batches kept for a resume hold more than EMBER_RESUME_BUFFER bytes: the shell
+        then waits for the peer to acknowledge them (a ``sync``) before the program uploads more."""
+        return self.outbox is not None and self.outbox.full()
+
     def close(self) -> None:
         """End the session: the batch, then a close frame."""
         self.flush()
@@ -325,10 +330,15 @@ class ClientProtocol:
         """Take the peer's ``resumed`` answer (the highest batch number it handled): the frames to
         send again, oldest first — every batch it has not handled."""
         self.outbox.acknowledge(header.get("ack"))
-        frames = self.outbox.frames()
-        self.counters["resumes"] += 1
-        self.counters["batches_replayed"] += len(frames)
-        return frames
+        return self.outbox.frames()
+
+    def count_resume(self, replayed: int, seconds: float) -> None:
+        """Count a resume that worked (its ``replayed`` batches sent again, ``seconds`` after the loss):
+        once, though a connection may be lost again while the batches are sent and dialled anew."""
+        counters = self.counters
+        counters["resumes"] += 1
+        counters["batches_replayed"] += replayed
+        counters["resume_seconds"] += seconds
 
     # -- the batch --
     def _take_log(self) -> None:
