@@ -1,6 +1,8 @@
-"""A fault line for process tests: a TCP proxy on 127.0.0.1 in front of a real peer that forwards
+"""A fault line for resume tests and `ember bench resume`: a TCP proxy on 127.0.0.1 in front of a real peer that forwards
 bytes both ways until told to fail — cut every connection (a reset, or a FIN), cut the next one
-as the peer starts to answer, or refuse new connections for a while (the link down)."""
+as the peer starts to answer, or refuse new connections for a while (the link down); or, leaving
+every connection open, forward nothing (a black hole, as after a Wi-Fi roam) or nothing one way
+(a stall), until healed."""
 
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ import struct
 import threading
 import time
 
+DIRECTIONS = ("up", "down")  # up: client → peer; down: peer → client
+
 
 class FaultLine:
-    """Connections to :attr:`address` are forwarded to ``target`` ("host:port")."""
+    """Connections to :attr:`address` are forwarded to ``target`` ("host:port"). :attr:`source_ports`
+    lists the client-side port of each connection accepted, in order."""
 
     def __init__(self, target: str):
         host, port = target.rsplit(":", 1)
@@ -21,8 +26,9 @@ class FaultLine:
         self.pairs: list[_Pair] = []
         self.lock = threading.Lock()
         self.down_until = 0.0
-        self.cut_on_answer = None  # "rst"/"fin": cut as soon as the peer sends bytes on any connection
+        self.cut_on_answer = None  # "rst"/"fin": cut as soon as the peer sends bytes on any connection; "hole": black hole
         self.accepted = 0
+        self.source_ports: list[int] = []
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -32,7 +38,7 @@ class FaultLine:
     def _accept(self) -> None:
         while not self.closed:
             try:
-                client, _ = self.listener.accept()
+                client, (_, port) = self.listener.accept()
             except OSError:
                 return
             if time.monotonic() < self.down_until:  # the link is down: the connection is reset at once
@@ -47,31 +53,89 @@ class FaultLine:
             with self.lock:
                 self.pairs.append(pair)
                 self.accepted += 1
-            pair.pumps = [threading.Thread(target=self._pump, args=(pair, client, peer, False), daemon=True),
-                          threading.Thread(target=self._pump, args=(pair, peer, client, True), daemon=True)]
+                self.source_ports.append(port)
+            pair.pumps = [threading.Thread(target=self._pump, args=(pair, client, peer, "up"), daemon=True),
+                          threading.Thread(target=self._pump, args=(pair, peer, client, "down"), daemon=True)]
             for pump in pair.pumps:
                 pump.start()
 
-    def _pump(self, pair, source: socket.socket, sink: socket.socket, answering: bool) -> None:
+    def _pump(self, pair, source: socket.socket, sink: socket.socket, direction: str) -> None:
+        lock = pair.locks[direction]
         try:
             while True:
                 data = source.recv(1 << 16)
                 if not data or pair.cutting:
                     break
-                if answering and self.cut_on_answer is not None:  # the peer's answer is lost with the connection
+                if direction == "down" and self.cut_on_answer is not None:  # the peer's answer is lost
                     how, self.cut_on_answer = self.cut_on_answer, None
-                    threading.Thread(target=self.cut, args=(how,), daemon=True).start()
-                    return
-                sink.sendall(data)
+                    if how == "hole":
+                        self.black_hole()  # … in a hole that holds it, this connection's with the others'
+                    else:  # … with the connection
+                        threading.Thread(target=self.cut, args=(how,), daemon=True).start()
+                        return
+                with lock:  # held bytes are sent before any that come after them (heal)
+                    if pair.held[direction] is not None:
+                        pair.held[direction].append(data)
+                    else:
+                        sink.sendall(data)
         except OSError:
             pass
         finally:
-            if not pair.cutting:  # the other end closed: close this one the same way
-                for sock in (source, sink):
+            with lock:
+                ended = not pair.cutting and pair.held[direction] is None
+                if not pair.cutting and not ended:  # held: the end is held too, and passed on by heal
+                    pair.ended.add(direction)
+            if ended:  # the other end closed: close this one the same way
+                pair.shut()
+
+    def black_hole(self) -> None:
+        """Forward nothing on any connection open now, either way, and close or reset nothing: what
+        each side sends is held (as a network that lost the route, and the sender's kernel, would).
+        New connections get through as usual."""
+        self.stall("up")
+        self.stall("down")
+
+    def stall(self, direction: str) -> None:
+        """Hold the bytes one way ("up": the client's to the peer; "down": the peer's to the client) on
+        every connection open now, while the other way flows. New connections get through as usual."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"a stall is 'up' or 'down', got {direction!r}")
+        with self.lock:
+            pairs = list(self.pairs)
+        for pair in pairs:
+            with pair.locks[direction]:
+                if pair.held[direction] is None:
+                    pair.held[direction] = []
+
+    def heal(self) -> None:
+        """End every stall and black hole: the bytes held are sent on, in order (an end of the stream
+        held with them too), and the connections forward again."""
+        with self.lock:
+            pairs = list(self.pairs)
+        for pair in pairs:
+            ended = False
+            for direction, sink in zip(DIRECTIONS, reversed(pair.sockets)):
+                with pair.locks[direction]:
+                    held, pair.held[direction] = pair.held[direction], None
                     try:
-                        sock.shutdown(socket.SHUT_RDWR)
+                        for data in held or ():
+                            sink.sendall(data)
                     except OSError:
-                        pass
+                        ended = True
+                    ended = ended or direction in pair.ended
+            if ended and not pair.cutting:
+                pair.shut()
+
+    def held(self) -> dict:
+        """The bytes held now, by direction, on every connection."""
+        with self.lock:
+            pairs = list(self.pairs)
+        held = dict.fromkeys(DIRECTIONS, 0)
+        for pair in pairs:
+            for direction in DIRECTIONS:
+                with pair.locks[direction]:
+                    held[direction] += sum(map(len, pair.held[direction] or ()))
+        return held
 
     def cut(self, how: str = "rst") -> None:
         """End every connection through the line: a reset (RST) or an orderly close (FIN) each way."""
@@ -110,12 +174,24 @@ class FaultLine:
 
 
 class _Pair:
-    """The two sockets of one connection through the line, and the threads pumping between them."""
+    """The two sockets of one connection through the line, the threads pumping between them, and
+    what each direction holds: None while it flows, else the bytes held, in order."""
 
     def __init__(self, client: socket.socket, peer: socket.socket):
         self.sockets = (client, peer)
         self.pumps: list[threading.Thread] = []
         self.cutting = False
+        self.held: dict = dict.fromkeys(DIRECTIONS)
+        self.ended: set[str] = set()  # the directions whose source ended while they were held
+        self.locks = {direction: threading.Lock() for direction in DIRECTIONS}
+
+    def shut(self) -> None:
+        """Pass an end on: both sockets shut down, both ways."""
+        for sock in self.sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def _reset(sock: socket.socket) -> None:
