@@ -123,12 +123,12 @@ class Profile:
         rows = self.rows()
         seconds = sum(r.seconds for r in rows) or 1e-12
         text = [f"ember profile: {sum(r.waits for r in rows)} waits, {sum(r.seconds for r in rows):.4f} s waiting, "
-                f"{_bytes(sum(r.bytes for r in rows))} received",
+                f"{format_bytes(sum(r.bytes for r in rows))} received",
                 f"  {'waits':>6} {'wait (s)':>10} {'share':>6} {'received':>10}  {'kinds':<18} where"]
         for r in rows[:limit]:
             kinds = " ".join(f"{kind}×{n}" for kind, n in sorted(r.kinds.items(), key=lambda item: -item[1]))
             devices = ", ".join(r.devices)
-            text.append(f"  {r.waits:>6} {r.seconds:>10.4f} {r.seconds / seconds:>6.1%} {_bytes(r.bytes):>10}  {kinds:<18} "
+            text.append(f"  {r.waits:>6} {r.seconds:>10.4f} {r.seconds / seconds:>6.1%} {format_bytes(r.bytes):>10}  {kinds:<18} "
                         f"{_short(r.file)}:{r.line} ({r.function}, {devices})")
             if r.source:
                 text.append(f"  {'':>6} {'':>10} {'':>6} {'':>10}  {'':<18}   {r.source}")
@@ -158,10 +158,11 @@ def profile() -> Profile:
     return Profile()
 
 
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+def format_bytes(n: float) -> str:
+    """A byte count as people read it: 1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
 
 

@@ -152,7 +152,7 @@ def test_byte_sizes_and_counts_are_shown_in_their_units_at_each_boundary():
     from ember.graphs.graph import _count
     assert [em.graphs.format_bytes(n) for n in (0, 1023, 1024, 1536, 1024 ** 2 - 1, 1024 ** 2, 1024 ** 3 - 1,
                                                  1024 ** 3, 5 * 1024 ** 4)] == [
-        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1024.0 KiB", "1.0 MiB", "1024.0 MiB", "1.0 GiB", "5120.0 GiB"]
+        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1024.0 KiB", "1.0 MiB", "1024.0 MiB", "1.0 GiB", "5.0 TiB"]
     assert [_count(n) for n in (999, 1000, 1500, 999_999, 10 ** 6, 10 ** 9 - 1, 10 ** 9, 2 * 10 ** 12)] == [
         "999", "1.0k", "1.5k", "1000.0k", "1.0M", "1000.0M", "1.0G", "2000.0G"]
 

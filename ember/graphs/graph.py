@@ -25,6 +25,7 @@ from ..namespace.creation import asarray
 from ..ops import OPS
 from ..ops.records import LITERAL_METAS
 from ..ops.table import fmt_shape
+from ..profiling import format_bytes
 from ..wire import protocol as wire
 
 GRAPH_FORMAT_VERSION = 1
@@ -233,16 +234,6 @@ class CapturedGraph:
                 f.write(b)
         return path
 
-
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB'."""
-    if n < 1024:
-        return f"{n:.0f} B"
-    for unit in ("KiB", "MiB"):
-        n /= 1024
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1024:.1f} GiB"
 
 
 def _many(n: int, noun: str) -> str:

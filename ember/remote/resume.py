@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 
 from ..errors import ProtocolError
-from ..graphs.graph import format_bytes
+from ..profiling import format_bytes
 
 RESUME_WINDOW = 300.0  # seconds a lost session is kept for its client, by default (--resume-window)
 SECRET_BYTES = 32

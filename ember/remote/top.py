@@ -20,6 +20,7 @@ import urllib.request
 from ..devices import RemoteDevice, redact_secrets, redacted
 from ..devices import device as as_device
 from ..errors import AccessDenied, ConnectionLost, DeviceError
+from ..profiling import format_bytes
 from ..wire.tls import client_context
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
@@ -54,13 +55,6 @@ def fetch(url: str, token: str | None, context: ssl.SSLContext | None, timeout: 
         raise ConnectionLost(f"cannot read the peer's status at {url}: {getattr(error, 'reason', error)}") from None
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
 def _age(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
@@ -77,22 +71,22 @@ def render(state: dict, width: int = 160) -> str:
     own = view.get("sessions") == "own"  # a client's own view: its sessions, not the peer's memory in use
     lines = [f"ember peer: {', '.join(state['devices'])} ({state['backend']}), up {_age(state['uptime_seconds'])}"
              + (f"; the sessions of {view.get('client')} only" if own else ""),
-             f"  {totals['sessions']} sessions, {totals['live_tensors']} tensors, {_bytes(totals['live_bytes'])} live; "
-             + (f"memory budget {_bytes(memory['budget_bytes'])}" if own else
-                f"memory {_bytes(memory['used_bytes'])} of {_bytes(memory['budget_bytes'])}"),
-             f"  {totals['ops']} ops, {totals['round_trips']} round trips, {_bytes(totals['bytes_in'])} in, "
-             f"{_bytes(totals['bytes_out'])} out, {totals['graphs_registered']} graphs registered, "
+             f"  {totals['sessions']} sessions, {totals['live_tensors']} tensors, {format_bytes(totals['live_bytes'])} live; "
+             + (f"memory budget {format_bytes(memory['budget_bytes'])}" if own else
+                f"memory {format_bytes(memory['used_bytes'])} of {format_bytes(memory['budget_bytes'])}"),
+             f"  {totals['ops']} ops, {totals['round_trips']} round trips, {format_bytes(totals['bytes_in'])} in, "
+             f"{format_bytes(totals['bytes_out'])} out, {totals['graphs_registered']} graphs registered, "
              f"{totals['graph_runs']} graph runs"]
     if rate:
         lines.append(f"  now: {rate['ops']:.0f} ops/s, {rate['round_trips']:.1f} round trips/s, "
-                     f"{_bytes(rate['bytes_in'])}/s in, {_bytes(rate['bytes_out'])}/s out")
+                     f"{format_bytes(rate['bytes_in'])}/s in, {format_bytes(rate['bytes_out'])}/s out")
     lines.append("")
     lines.append(f"{'client':<20} {'address':<22} {'device':<14} {'age':>7} {'tensors':>8} {'live':>10} {'ops':>9} "
                  f"{'trips':>7}  last error")
     for row in state["sessions"]:
         error = row["last_error"]
         lines.append(f"{row['client'][:20]:<20} {row['address'][:22]:<22} {row['device'][:14]:<14} {_age(row['age_seconds']):>7} "
-                     f"{row['live_tensors']:>8} {_bytes(row['live_bytes']):>10} {row['ops']:>9} {row['round_trips']:>7}  "
+                     f"{row['live_tensors']:>8} {format_bytes(row['live_bytes']):>10} {row['ops']:>9} {row['round_trips']:>7}  "
                      f"{error['kind'] + ': ' + error['message'] if error else ''}")
     if not state["sessions"]:
         lines.append("(no sessions)")
