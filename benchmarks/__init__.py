@@ -5,4 +5,4 @@ array-api-strict, raw sockets …), reporting medians of interleaved repeats, be
 machines are shared and noisy.
 """
 
-SUITES = ("core", "remote", "capture", "train", "wan", "fleet", "torch")
+SUITES = ("core", "remote", "capture", "train", "wan", "fleet", "torch", "resume")
