@@ -12,6 +12,7 @@ import threading
 import time
 
 DIRECTIONS = ("up", "down")  # up: client → peer; down: peer → client
+HOLD_BYTES = 4 << 20  # what a connection's direction holds before the line reads no more of it (a route's buffers)
 
 
 class FaultLine:
@@ -60,7 +61,7 @@ class FaultLine:
                 pump.start()
 
     def _pump(self, pair, source: socket.socket, sink: socket.socket, direction: str) -> None:
-        lock = pair.locks[direction]
+        flow = pair.flows[direction]
         try:
             while True:
                 data = source.recv(1 << 16)
@@ -73,15 +74,19 @@ class FaultLine:
                     else:  # … with the connection
                         threading.Thread(target=self.cut, args=(how,), daemon=True).start()
                         return
-                with lock:  # held bytes are sent before any that come after them (heal)
-                    if pair.held[direction] is not None:
-                        pair.held[direction].append(data)
-                    else:
+                with flow:  # held bytes are sent before any that come after them (heal)
+                    held = pair.held[direction]
+                    if held is None:
                         sink.sendall(data)
+                        continue
+                    held.append(data)
+                    # a full hole reads no more: the sender's own buffers fill, and its sends block, as on a real route
+                    flow.wait_for(lambda: pair.held[direction] is not held or pair.cutting
+                                  or sum(map(len, held)) < HOLD_BYTES)
         except OSError:
             pass
         finally:
-            with lock:
+            with flow:
                 ended = not pair.cutting and pair.held[direction] is None
                 if not pair.cutting and not ended:  # held: the end is held too, and passed on by heal
                     pair.ended.add(direction)
@@ -90,8 +95,8 @@ class FaultLine:
 
     def black_hole(self) -> None:
         """Forward nothing on any connection open now, either way, and close or reset nothing: what
-        each side sends is held (as a network that lost the route, and the sender's kernel, would).
-        New connections get through as usual."""
+        each side sends is held, up to HOLD_BYTES a direction, after which the sender's sends block (as
+        a network that lost the route, and the sender's kernel, would). New connections get through."""
         self.stall("up")
         self.stall("down")
 
@@ -103,7 +108,7 @@ class FaultLine:
         with self.lock:
             pairs = list(self.pairs)
         for pair in pairs:
-            with pair.locks[direction]:
+            with pair.flows[direction]:
                 if pair.held[direction] is None:
                     pair.held[direction] = []
 
@@ -115,8 +120,9 @@ class FaultLine:
         for pair in pairs:
             ended = False
             for direction, sink in zip(DIRECTIONS, reversed(pair.sockets)):
-                with pair.locks[direction]:
+                with pair.flows[direction]:
                     held, pair.held[direction] = pair.held[direction], None
+                    pair.flows[direction].notify_all()
                     try:
                         for data in held or ():
                             sink.sendall(data)
@@ -133,7 +139,7 @@ class FaultLine:
         held = dict.fromkeys(DIRECTIONS, 0)
         for pair in pairs:
             for direction in DIRECTIONS:
-                with pair.locks[direction]:
+                with pair.flows[direction]:
                     held[direction] += sum(map(len, pair.held[direction] or ()))
         return held
 
@@ -143,6 +149,9 @@ class FaultLine:
             pairs, self.pairs = self.pairs, []
         for pair in pairs:
             pair.cutting = True
+            for flow in pair.flows.values():  # a pump waiting in a full hole
+                with flow:
+                    flow.notify_all()
             for sock in pair.sockets:
                 if how == "rst":  # a close with nothing lingering resets; the pumps are woken first
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -183,7 +192,7 @@ class _Pair:
         self.cutting = False
         self.held: dict = dict.fromkeys(DIRECTIONS)
         self.ended: set[str] = set()  # the directions whose source ended while they were held
-        self.locks = {direction: threading.Lock() for direction in DIRECTIONS}
+        self.flows = {direction: threading.Condition() for direction in DIRECTIONS}  # a direction's sends and holds
 
     def shut(self) -> None:
         """Pass an end on: both sockets shut down, both ways."""

@@ -17,9 +17,10 @@ import time
 
 import numpy as np
 import pytest
-from ember.benchmarks.faults import FaultLine
+from ember.benchmarks.faults import HOLD_BYTES, FaultLine
 
 import ember as em
+from ember.engines import dialing
 
 from .peers import Peer
 
@@ -165,6 +166,39 @@ def test_a_fault_shorter_than_the_keepalive_window_is_only_a_delay(resume, conne
     stats = em.stats(device)
     assert stats["resumes"] == 0 and line.accepted == 1 and line.held() == {"up": 0, "down": 0}
     assert _session_ops(device) == stats["ops"]
+
+
+@pytest.mark.parametrize("scheme", ["ember", "wss"])
+def test_a_large_answer_stuck_in_a_full_hole_is_sent_again_on_the_new_connection(resume, connect):
+    line, device = connect()
+    host = np.random.default_rng(1).random(4 << 20)  # 32 MiB: past what the hole holds and both kernels buffer
+    x = em.asarray(host, device=device)
+    em.sync(device)
+    line.cut_on_answer = "hole"  # the peer's send blocks in the full hole until the resume ends the old connection
+    value, waited = _timed_read(x)
+    np.testing.assert_array_equal(value, host)
+    assert line.held()["down"] >= HOLD_BYTES
+    _resumed_once_through_a_new_connection(line, device)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a send blocked by a black hole waits the connection's "
+                   "timeout (EMBER_TIMEOUT, 600 s by default) before the session resumes, not the keepalive window")
+def test_an_upload_into_a_black_hole_resumes_within_the_keepalive_window(resume, plain_peer, monkeypatch):
+    monkeypatch.setattr(dialing, "DEFAULT_TIMEOUT", 10.0)  # the suite's EMBER_TIMEOUT is 60 s: the failure in 10
+    with FaultLine(plain_peer.address) as line:
+        device = em.device(line.url())
+        try:
+            em.sync(device)
+            host = np.random.default_rng(2).random(4 << 20)  # 32 MiB, sent at once, straight from host
+            line.black_hole()
+            started = time.perf_counter()
+            x = em.asarray(host, device=device)  # its send blocks once the hole and the socket buffers are full
+            np.testing.assert_array_equal(em.asnumpy(x[-3:]), host[-3:])
+            waited = time.perf_counter() - started
+            assert em.stats(device)["resumes"] == 1
+            assert waited < 3 * WINDOW, f"resumed after {waited:.1f} s"
+        finally:
+            device.engine.close()
 
 
 # --- the sleeping laptop -------------------------------------------------------------------------
