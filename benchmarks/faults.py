@@ -50,6 +50,8 @@ class FaultLine:
             except OSError:
                 _reset(client)
                 continue
+            for sock in (client, peer):  # each frame forwarded at once, not behind a delayed ACK (Nagle)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             pair = _Pair(client, peer)
             with self.lock:
                 self.pairs.append(pair)
@@ -78,6 +80,7 @@ class FaultLine:
                     held = pair.held[direction]
                     if held is None:
                         sink.sendall(data)
+                        pair.carried[direction] += len(data)
                         continue
                     held.append(data)
                     # a full hole reads no more: the sender's own buffers fill, and its sends block, as on a real route
@@ -131,6 +134,11 @@ class FaultLine:
                     ended = ended or direction in pair.ended
             if ended and not pair.cutting:
                 pair.shut()
+
+    def carried(self, connection: int) -> dict:
+        """The bytes forwarded so far each way on open connection number ``connection`` (0: the oldest)."""
+        with self.lock:
+            return dict(self.pairs[connection].carried)
 
     def held(self) -> dict:
         """The bytes held now, by direction, on every connection."""
@@ -191,6 +199,7 @@ class _Pair:
         self.pumps: list[threading.Thread] = []
         self.cutting = False
         self.held: dict = dict.fromkeys(DIRECTIONS)
+        self.carried: dict = dict.fromkeys(DIRECTIONS, 0)  # bytes forwarded each way
         self.ended: set[str] = set()  # the directions whose source ended while they were held
         self.flows = {direction: threading.Condition() for direction in DIRECTIONS}  # a direction's sends and holds
 

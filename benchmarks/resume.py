@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -48,18 +47,6 @@ class ResumeRow(Row):
     step_seconds: float = 0.0
     frames: int = 0
     after_ack: float = 0.0
-
-
-class NoDelayLine(FaultLine):
-    """A FaultLine whose forwarding sockets send at once (TCP_NODELAY). FaultLine's own leave Nagle's
-    algorithm on, and a frame forwarded behind one still unacknowledged waits for the peer's delayed
-    ACK, about 40 ms a round trip (a 4 ms training step takes 44 through it)."""
-
-    def _pump(self, pair, source, sink, direction):
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super()._pump(pair, source, sink, direction)
 
 
 class _DialTimes:
@@ -196,7 +183,7 @@ def _outbox_rows(report: Report, line: FaultLine, quick: bool) -> None:
 def run(quick: bool = False) -> Report:
     """Measure (a), (b) and (c) against a fresh peer."""
     report = Report("resume")
-    with PeerProcess("--resume-window", "60") as peer, NoDelayLine(peer.address) as line:
+    with PeerProcess("--resume-window", "60") as peer, FaultLine(peer.address) as line:
         _link_back(report, line, 3 if quick else 15)
         _outbox_rows(report, line, quick)
         on, off = _session(peer.address, resume=True), _session(peer.address, resume=False)

@@ -133,6 +133,8 @@ class FakeSource:
             sock.sendall(b"".join(wire.encode_frame({"t": "refuse", "kind": "PeerBusy", "retry": True,
                                                      "reason": "this peer answers 8 fetches at once"})))
             return False
+        if header.get("t") == "got":  # the destination has the tensor
+            return True
         if "capability" not in header:  # a hello
             sock.sendall(b"".join(wire.encode_frame({"t": "peer", "v": wire.VERSION, "peer": self.peer})))
             return True

@@ -4,6 +4,9 @@ takes the link down; the client resumes the same session — same arrays, each b
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from ember.benchmarks.faults import FaultLine
@@ -121,3 +124,35 @@ def test_uploads_past_the_resume_buffer_wait_for_the_peer_to_acknowledge_them(pe
         for i, array in enumerate(arrays):
             assert float(em.asnumpy(array)[-1]) == i
         assert em.stats(device)["resumes"] == 1
+
+
+def test_a_move_between_peers_cut_midway_is_fetched_again_and_arrives_whole(resume):
+    """The destination's fetch link to the source runs through the line too: cut while the tensor
+    streams, the source grants it again (it was not confirmed), the destination asks again, and the
+    client's own session with the source resumes."""
+    values = np.random.default_rng(7).random(32 << 20)  # 256 MiB
+    with Peer("--resume-window", "30") as source, Peer("--fetch-from", "127.0.0.1") as destination, \
+            FaultLine(source.address) as line:
+        a, b = em.device(line.url()), em.device(destination.url())
+        x = em.asarray(values, device=a)
+        em.sync(a)
+
+        def cut_once_the_fetch_streams():
+            deadline = time.monotonic() + 20
+            while line.accepted < 2 and time.monotonic() < deadline:  # the destination's connection to the source
+                time.sleep(0.0005)
+            while line.carried(1)["down"] < 8 << 20 and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            line.stall("down")  # 8 MiB of the tensor came: held from here, and cut, the cut lands mid-tensor
+            line.cut("rst")
+
+        cutter = threading.Thread(target=cut_once_the_fetch_streams)
+        cutter.start()
+        y = x.to_device(b)
+        moved = em.asnumpy(y)
+        cutter.join()
+        np.testing.assert_array_equal(moved, values)
+        assert line.accepted == 3 and any("asking again" in entry for entry in destination.log)  # fetched anew
+        np.testing.assert_array_equal(em.asnumpy(x[:4]), values[:4])  # the client's session was cut too: it resumes
+        assert em.stats(a)["resumes"] == 1 and line.accepted == 4
+

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 from ember.benchmarks import SUITES
 from ember.benchmarks.faults import FaultLine
-from ember.benchmarks.resume import NoDelayLine
 
 import ember as em
 from ember.cli import main
@@ -57,7 +56,7 @@ def line(peer):
     made = []
 
     def through_a_line():
-        made.append(NoDelayLine(peer.address))  # FaultLine's Nagle delays cost 40 ms a step (the xfail below)
+        made.append(FaultLine(peer.address))
         return made[-1], em.device(made[-1].url())
     yield through_a_line
     for fault_line in made:
@@ -268,8 +267,6 @@ def test_the_resume_suite_is_registered_and_reports_its_rows_at_quick_size(tmp_p
     assert cost["unit"] == "s" and cost["baseline_name"] == "EMBER_RESUME=0"
 
 
-@pytest.mark.xfail(strict=True, reason="benchmarks/faults.py: FaultLine's forwarding sockets leave Nagle's algorithm on: "
-                                       "a frame behind one unacknowledged waits ~40 ms for a delayed ACK")
 def test_the_fault_line_forwards_each_frame_at_once(peer):
     with FaultLine(peer.address) as fault_line:
         device = em.device(fault_line.url())

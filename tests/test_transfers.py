@@ -532,7 +532,14 @@ def test_the_source_answers_a_fetch_once_and_only_to_its_session():
     assert host.answer_fetch(_fetch_frame(secrets.token_bytes(32), bound.id), final=False) is None  # not granted yet: wait
     (reply,), grant = ask(bound.id)
     assert reply[0] == {"t": "tensor"} and reply[1][0].tolist() == [1.0, 1.0]
-    grant.release()
+    assert host.answer_fetch(_fetch_frame(capability, bound.id), final=False) is None  # being sent: ask again later
+    (refusal,), _ = ask(bound.id)
+    assert refusal[0]["reason"].startswith("unknown capability") and refusal[0]["retry"] is True
+    host.transfers.unclaim(grant)  # the connection was cut before the destination said "got": granted again
+    (reply,), grant = ask(bound.id)
+    assert reply[1][0].tolist() == [1.0, 1.0] and owner.table.granted == 16
+    host.transfers.confirm(grant)  # it arrived
+    host.transfers.unclaim(grant)  # too late: a used grant stays used
     (refusal,), _ = ask(bound.id)
     assert refusal[0]["kind"] == "AccessDenied" and "used already" in refusal[0]["reason"]
     (refusal,), _ = ask(bound.id, presented=b"short")
@@ -600,7 +607,7 @@ def test_every_answer_to_a_fetch_frame_word_for_word(monkeypatch):
     assert answer(caps[1]) == _refusal("ExecutionError", "unknown tensor id 9 (dropped, or from another session)")
     (reply,), grant = answer(caps[0])
     assert reply[0] == {"t": "tensor"} and reply[1][0].tolist() == [1.5, 1.5]
-    grant.release()
+    host.transfers.confirm(grant)  # the destination said "got"
     assert answer(caps[0]) == _refusal("AccessDenied", "the capability was used already: each one authorizes a single read")
 
     def broken(self):
@@ -866,7 +873,7 @@ def test_hostile_grants_fetches_and_fetch_frames_are_refused_and_the_accounting_
     replies, grant = host.answer_fetch(Frame(header, []), final=True)
     assert replies[0][0]["t"] in ("refuse", "tensor", "peer")  # peer: a hello, which presents nothing
     if grant is not None:
-        grant.release()
+        host.transfers.confirm(grant)
     replies = _batch(session, ("sync", 1), ("op", "multiply", (1, (2.0, "float64")), (2,), {}), ("get", 2, 2))
     assert replies[-1][0] == "data" and _balanced(session)
     host.close(session)
@@ -898,13 +905,18 @@ def test_the_grants_table_counts_each_sessions_pending_grants_exactly(monkeypatc
     assert table.grant(second) is None and table.pending == {alice: 2, bob: 1} and table.generation == 3
     assert table.grant(third) == "grant: 2 transfers of this session are pending already"  # at the cap, and no further
     assert table.generation == 3 and third.capability not in table.table
-    assert table.claim(first.capability, "s") is first and first.state == "used" and table.pending == {alice: 1, bob: 1}
-    assert table.grant(third) is None and table.pending == {alice: 2, bob: 1}  # a used grant makes room
-    table.revoke(alice)  # alice's session closed: her granted ones end; the used one and bob's are untouched
-    assert [g.state for g in (first, second, third)] == ["used", "revoked", "revoked"] and table.pending == {bob: 1}
+    assert table.claim(first.capability, "s") is first and first.state == "sending" and table.pending == {alice: 1, bob: 1}
+    assert table.grant(third) is None and table.pending == {alice: 2, bob: 1}  # a claimed grant makes room
+    table.unclaim(first)  # its connection was cut: granted again, and counted again
+    assert first.state == "granted" and table.pending == {alice: 3, bob: 1} and table.generation == 5
+    assert table.claim(first.capability, "s") is first and table.pending == {alice: 2, bob: 1}
+    table.revoke(alice)  # alice's session closed: her granted ones end; the one being sent and bob's are untouched
+    assert [g.state for g in (first, second, third)] == ["sending", "revoked", "revoked"] and table.pending == {bob: 1}
     assert alice.ended == [8, 8] and second.value is None and first.value is not None
     second.release()
     assert alice.ended == [8, 8]  # its bytes go back once
+    table.confirm(first)  # the destination said "got": used, its bytes back
+    assert first.state == "used" and first.value is None and alice.ended == [8, 8, 8]
     now[0] = 100.0 + LINGER  # ended LINGER seconds ago: still named …
     assert table.claim(second.capability, "s").startswith("the capability was revoked")
     now[0] = 100.0 + LINGER + 0.5  # … and after that forgotten; bob's grant expired long ago

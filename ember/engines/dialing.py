@@ -123,6 +123,8 @@ def reconnect(engine, cause: EmberError) -> EmberError | None:
         try:
             connection = dial(device, timeout=min(left, DEFAULT_TIMEOUT))
             connection.send(protocol.resume_frame(device.index, device.token, engine.window))
+            # the session's limits at once: a reply the peer kept (a large read) may come in the answer's recv
+            connection.set_limits(protocol.limits)
             answer = connection.receive(min(left, DEFAULT_TIMEOUT)).header
             if answer.get("t") != "resumed":
                 if answer.get("gone"):
@@ -130,7 +132,6 @@ def reconnect(engine, cause: EmberError) -> EmberError | None:
                     return ConnectionLost(f"{cause}; {answer.get('reason')}; every array of the session is lost "
                                           f"with it")
                 raise refusal(answer, device)  # busy or throttled: dialled again
-            connection.set_limits(protocol.limits)
             replayed = protocol.resumed(answer)
             for frame in replayed:
                 engine.counters["bytes_up"] += connection.send(frame)

@@ -208,10 +208,16 @@ class Fetcher:
             addresses = self._admitted(job)
             source = (job.scheme, addresses[0], job.port)  # its kept connections and those in use are counted by it
             for tries in range(1, TRIES + 1):
-                frame = self._exchange(job, source, addresses, deadline)
+                try:
+                    frame = self._exchange(job, source, addresses, deadline)
+                except ConnectionLost as error:  # cut while the tensor came: the source grants it again (sources.py)
+                    if tries == TRIES or time.monotonic() >= deadline or isinstance(error, TimedOut) or job.cancelled:
+                        raise
+                    log.info("transfer from %s: the connection was lost (%s); asking again", job.source, error)
+                    frame = None
                 delay = min(RETRY_SECONDS * 2 ** (tries - 1), RETRY_MAX_SECONDS)
                 final = tries == TRIES or time.monotonic() + delay >= deadline or self.stopping.is_set() or job.cancelled
-                if job.receive(frame, final=final):
+                if frame is not None and job.receive(frame, final=final):
                     return
                 job.halted.wait(delay)  # a cancel ends the wait (and the fetch)
         except _Refused as refused:
@@ -276,7 +282,7 @@ class Fetcher:
                     raise
             with self._lock:  # answered: a cancel from now on has no connection to shut (a kept one is not its)
                 self._running[job] = None
-            if frame.header.get("t") == "tensor" and not job.cancelled:
+            if frame.header.get("t") == "tensor" and _confirm(connection) and not job.cancelled:
                 self.links.keep(source, job.peer, connection)
             else:
                 connection.close()  # a refusal ends the source's side too
@@ -363,6 +369,15 @@ class Fetcher:
         connection.send(wire.encode_frame(job.request()))
         connection.set_limits(job.reply_limits())
         return connection.receive()
+
+
+def _confirm(connection) -> bool:
+    """Tell the source that its tensor arrived (the grant is used only then); False if it cannot be told."""
+    try:
+        connection.send(wire.encode_frame({"t": "got"}))
+    except (EmberError, OSError):
+        return False
+    return True
 
 
 class _Failed(Exception):

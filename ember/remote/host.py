@@ -340,7 +340,7 @@ class Host:
     def answer_fetch(self, frame: Frame, final: bool = True) -> tuple[list[Reply], Grant | None] | None:
         """Another peer's ``fetch`` frame in (the first frame of its connection, or a later one on
         a connection kept for more): the reply frames — the granted tensor, or a refusal — and the
-        grant to ``release`` once they are sent. None while the capability is unknown and not
+        grant to confirm once the destination says it arrived (or to unclaim). None while the capability is unknown and not
         ``final``: it may not be granted yet (the shell waits for :attr:`transfers` to change,
         within its handshake deadline, and asks again). The capability is the only credential: no
         token is asked for. A fetch frame with neither capability nor session is the destination's
@@ -368,12 +368,12 @@ class Host:
             return refuse("AccessDenied", outcome)
         value = outcome.value
         if type(value) is Failure:  # the source tensor failed: its error travels on
-            outcome.release()
+            self.transfers.confirm(outcome)
             return refuse(value.kind, value.message)
         try:
             host = outcome.download()
         except Exception as error:
-            outcome.release()
+            self.transfers.confirm(outcome)
             return refuse(error_kind(error), f"reading the granted tensor: {error}")
         return [({"t": "tensor"}, [host])], outcome
 
@@ -392,7 +392,7 @@ class Host:
             job.fail(outcome.value.kind, outcome.value.message)
         else:
             job.deliver(outcome.value)  # the native array itself: the destination adopts it, no host copy
-        outcome.release()
+        self.transfers.confirm(outcome)
         return True
 
 

@@ -4,8 +4,10 @@ frames with the tensors its sessions granted (:mod:`ember.remote.transfers` is t
 first frame is a fetch.
 
 A fetch connection counts as a handshake until its capability is known good: it waits for its
-grant within the handshake's deadline and limits. Once good, the connection is kept for the next
-fetches of that peer (:mod:`ember.remote.links`), a bounded number of them.
+grant within the handshake's deadline and limits. A grant is used once the destination says the
+tensor arrived (``got``); a connection cut before that grants it again, for the destination's next
+try. Once good, the connection is kept for the next fetches of that peer
+(:mod:`ember.remote.links`), a bounded number of them.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import logging
 import threading
 import time
 
+from ..errors import EmberError
 from ..wire.tcp import TimedOut
 from . import links
 from .host import Host
 
 log = logging.getLogger("ember.serve")
+CONFIRM_SECONDS = 10  # how long a source waits for the destination's "got" before it grants the tensor again
 
 
 class Sources:
@@ -46,15 +50,24 @@ class Sources:
             replies, grant = self._answer(frame, deadline)
             if replies[0][0]["t"] == "peer":  # a second hello: no capability is coming
                 return False
+        if grant is None:
+            link.send(replies)
+            log.info("%s: transfer refused: %s", address, replies[0][0].get("reason"))
+            return False
+        transfers = self.hosting.transfers
         try:
             link.send(replies)
-        finally:
-            if grant is not None:
-                grant.release()
-        refusal = replies[0][0].get("reason")
-        log.info("%s: %s", address, f"transfer refused: {refusal}" if refusal else
-                 f"sent a granted tensor of {replies[0][1][0].nbytes} bytes")
-        return grant is not None  # a grant comes only with its tensor
+            arrived = link.connection.receive(CONFIRM_SECONDS).header.get("t") == "got"
+        except (EmberError, OSError):
+            arrived = False
+        if not arrived:  # cut while it was sent, or silent: granted again, for the destination's next try
+            transfers.unclaim(grant)
+            log.info("%s: a granted tensor of %d bytes was sent, but its arrival was not confirmed", address,
+                     replies[0][1][0].nbytes)
+            return False
+        transfers.confirm(grant)
+        log.info("%s: sent a granted tensor of %d bytes", address, replies[0][1][0].nbytes)
+        return True
 
     def _answer(self, frame, deadline: float):
         transfers = self.hosting.transfers

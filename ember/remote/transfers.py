@@ -52,7 +52,7 @@ class Grant:
         self.capability, self.session, self.value = capability, session, value
         self.owner, self.nbytes = owner, nbytes
         self.expires = 0.0
-        self.state = "granted"   # granted → used | expired | revoked
+        self.state = "granted"   # granted → sending → used (or granted again), expired, revoked
         self.ended = 0.0         # when it stopped being granted
 
     def download(self):
@@ -97,14 +97,15 @@ class Transfers:
         return None
 
     def claim(self, capability: bytes, session: str) -> Grant | str | None:
-        """Take the grant of ``capability`` for ``session``: the grant (now used: the caller sends its
-        value, then calls ``release``), why it is refused, or None if it is unknown (not granted yet:
-        its owner may still be computing; see :meth:`wait`)."""
+        """Take the grant of ``capability`` for ``session``: the grant (now being sent: the caller
+        sends its value, then calls :meth:`confirm` once it arrived, or :meth:`unclaim` if it may not
+        have), why it is refused, or None if it is unknown (not granted yet: its owner may still be
+        computing; see :meth:`wait`) or being sent on a connection that may have been cut."""
         with self.changed:
             now = self.clock()
             self._purge(now)
             grant = self.table.get(capability)
-            if grant is None:
+            if grant is None or grant.state == "sending":
                 return None
             if grant.state == "used":
                 return "the capability was used already: each one authorizes a single read"
@@ -114,8 +115,25 @@ class Transfers:
                 return "the capability was revoked: the session that granted it has closed"
             if grant.session != session:
                 return "the capability was granted to another session"
-            self._end(grant, "used", now)
+            self._end(grant, "sending", now)
             return grant
+
+    def confirm(self, grant: Grant) -> None:
+        """``grant``'s value arrived (or a refusal in its place was sent): it is used, its value let go."""
+        with self.changed:
+            grant.state = "used"
+        grant.release()
+
+    def unclaim(self, grant: Grant) -> None:
+        """``grant``'s value may not have arrived (the connection was cut while it was sent): it is
+        granted again, so that the destination's next try reads it (docs/protocol.md, "Moves")."""
+        with self.changed:
+            if grant.state != "sending":
+                return
+            grant.state = "granted"
+            self.pending[grant.owner] = self.pending.get(grant.owner, 0) + 1
+            self.generation += 1
+            self.changed.notify_all()
 
     def wait(self, generation: int, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a grant made after ``generation`` (read before a claim)."""
@@ -160,7 +178,7 @@ class Transfers:
             if grant.state == "granted" and now >= grant.expires:
                 self._end(grant, "expired", now)
                 grant.release()
-            elif grant.state != "granted" and now - grant.ended > LINGER:
+            elif grant.state not in ("granted", "sending") and now - grant.ended > LINGER:
                 gone.append(capability)
         for capability in gone:
             del self.table[capability]
