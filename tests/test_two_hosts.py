@@ -312,9 +312,6 @@ def test_with_keepalives_off_tcp_itself_carries_a_read_through_the_outage_and_no
         assert done["resumes"] == 0 and done["peer"]["session_ops"] == done["ops"], done
 
 
-@pytest.mark.xfail(strict=True, reason="dialing.reconnect keeps each failed dial's error in `last`, whose traceback holds "
-                                       "reconnect's frame: a cycle through the caller's stack keeps the arrays a read "
-                                       "in flight named alive, on the client and on the peer, until the cyclic GC runs")
 def test_an_array_read_through_a_resume_that_dialled_in_vain_is_freed_when_let_go(hosts, credentials, peer):
     env = {**_client_env(credentials), "EMBER_KEEPALIVE": "1"}
     with Client(hosts, HELD_BY_A_FAILED_DIAL, peer.url("embers"), env=env) as client:

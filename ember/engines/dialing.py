@@ -107,7 +107,7 @@ def reconnect(engine, cause: EmberError) -> EmberError | None:
     protocol, device = engine.protocol, engine.device
     if protocol.outbox is None or engine.resume_for <= 0:
         return cause
-    started, attempt, last = _clock(), 0, None
+    started, attempt, last = _clock(), 0, ""
     with contextlib.suppress(EmberError, OSError):
         engine.connection.close()
     while True:
@@ -115,7 +115,7 @@ def reconnect(engine, cause: EmberError) -> EmberError | None:
         attempt += 1
         left = engine.resume_for - (_clock() + wait - started)
         if left <= 0:
-            tried = f"; the last try: {last}" if last is not None else ""
+            tried = f"; the last try: {last}" if last else ""
             return ConnectionLost(f"{cause}; the session could not be resumed within {engine.resume_for:g} s "
                                   f"(EMBER_RESUME){tried}; every array of the session is lost with it")
         time.sleep(wait)
@@ -139,7 +139,7 @@ def reconnect(engine, cause: EmberError) -> EmberError | None:
             if connection is not None:
                 with contextlib.suppress(EmberError, OSError):
                     connection.close()
-            last = error
+            last = str(error)  # not the error: its traceback holds this frame, and the caller's arrays with it
             continue
         engine.connection, engine.last_io = connection, _clock()
         seconds = _clock() - started
