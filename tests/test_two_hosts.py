@@ -78,7 +78,7 @@ x, host = chain(x, host)
 np.testing.assert_allclose(em.asnumpy(x), host, rtol=1e-12)
 np.testing.assert_array_equal(em.asnumpy(kept), np.linspace(0, 1, 1000) * 2)  # made before the fault
 stats = em.stats(device)
-gc.collect()  # what a resume's failed dials keep until the cyclic collector runs (the xfail test below) goes now
+gc.collect()  # what the cyclic collector frees (the test of a resume that dialled in vain compares before and after)
 print("done", json.dumps({**stats, "peer": device.engine.peer_stats(), "from": local_address(device)}), flush=True)
 """
 
