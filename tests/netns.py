@@ -18,12 +18,9 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
-from collections import deque
 
-from ember.remote.spawn import SHARED_CPU_ENV
+from ember.remote.spawn import PeerProcess
 
 SUBNET = "10.231.0"
 PEER_ADDRESS = f"{SUBNET}.1"
@@ -123,9 +120,12 @@ class TwoHosts:
         self.started.append(process)
         return process
 
-    def serve_in(self, ns: str, *args: str, env: dict | None = None, timeout: float = 60) -> ServedPeer:
-        """``ember serve *args`` in namespace ``ns``, once it listens (args name its ``--listen``)."""
-        return ServedPeer(self, ns, args, env, timeout)
+    def serve_in(self, ns: str, *args: str, env: dict | None = None, timeout: float = 60) -> PeerProcess:
+        """``ember serve *args`` in namespace ``ns``, once it listens (args name its ``--listen``); it is
+        stopped on :meth:`close` if it still runs."""
+        peer = PeerProcess(*args, env=env, timeout=timeout, prefix=("ip", "netns", "exec", ns))
+        self.started.append(peer.process)
+        return peer
 
     def link_down(self, seconds: float, while_down=None, ns: str | None = None) -> float:
         """Take the veth end in ``ns`` (default: the laptop's) down for ``seconds``, calling ``while_down()``
@@ -180,63 +180,3 @@ class TwoHosts:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class ServedPeer:
-    """An ``ember serve`` in a namespace of a :class:`TwoHosts` (what ``ember.remote.spawn.PeerProcess`` is on
-    127.0.0.1): ``address`` is "HOST:PORT" once it listens; ``log`` its last stderr lines, ``tracebacks`` how
-    many of them began a traceback. It stops when
-    ``stop()`` closes its stdin (EMBER_STOP_WITH_PARENT), or with its hosts."""
-
-    def __init__(self, hosts: TwoHosts, ns: str, args: tuple, env: dict | None, timeout: float):
-        command = [sys.executable, "-m", "ember.cli", "serve", *args]
-        self.process = hosts.popen_in(ns, command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True,
-                                      env={**SHARED_CPU_ENV, **os.environ, **(env or {}), "EMBER_STOP_WITH_PARENT": "1"})
-        self.address: str | None = None
-        self.output: list[str] = []
-        self.log: deque[str] = deque(maxlen=1000)
-        self.tracebacks = 0  # tracebacks the peer logged: an error it did not expect
-        found = threading.Event()
-
-        def watch():
-            for line in self.process.stdout:
-                self.output.append(line)
-                match = _LISTENING.search(line)
-                if match and not found.is_set():
-                    self.address = match.group(1)
-                    found.set()
-            found.set()
-
-        def drain():
-            for line in self.process.stderr:
-                self.log.append(line)
-                self.tracebacks += line.startswith("Traceback (most recent call last)")
-
-        self._readers = [threading.Thread(target=target, daemon=True) for target in (watch, drain)]
-        for reader in self._readers:
-            reader.start()
-        if not found.wait(timeout) or self.address is None:
-            self.stop()
-            raise RuntimeError(f"ember serve did not start in {ns}: {''.join(self.output)}{''.join(self.log)[-2000:]}")
-
-    def url(self, scheme: str, index: int = 0) -> str:
-        return f"{scheme}://{self.address}/{index}"
-
-    def stop(self) -> None:
-        """Stop the peer (SIGTERM, then SIGKILL after 10 s) and reap it."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        for reader in self._readers:
-            reader.join(5)
-
-    def __enter__(self) -> ServedPeer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

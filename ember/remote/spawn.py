@@ -27,8 +27,9 @@ SHARED_CPU_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}
 class PeerProcess:
     """An ``ember serve`` child process on 127.0.0.1; ``address`` is "127.0.0.1:PORT"."""
 
-    def __init__(self, *args: str, env: dict | None = None, timeout: float = 60):
-        command = [sys.executable, "-m", "ember.cli", "serve", "--listen", "127.0.0.1:0", *args]
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 60, prefix: tuple = ()):
+        # prefix: a command that execs the peer (``ip netns exec NS`` for a namespace); a --listen in args wins
+        command = [*prefix, sys.executable, "-m", "ember.cli", "serve", "--listen", "127.0.0.1:0", *args]
         # the peer stops when this pipe closes, so a parent that dies (even by SIGKILL) leaves no peer behind
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True,
