@@ -767,11 +767,16 @@ class RawSession:
         self.connection.close()
 
 
+# the fake peers' loopback address, which no real peer of the tests listens on: a port the OS gives again is not the
+# address of a session an earlier test left in the device cache (a stale session would dial the fake to resume)
+FAKE_HOST = "127.0.0.9"
+
+
 def _answering_an_init(reply: bytes | None):
-    """A fake peer on a fresh port that reads a client's init and answers ``reply`` (None: nothing),
-    then waits for the client to close; the port, and a list that gets what the client sent last
-    (b"": it closed the connection)."""
-    listener = socket.create_server(("127.0.0.1", 0))
+    """A fake peer on a fresh port of FAKE_HOST that reads a client's init and answers ``reply``
+    (None: nothing), then waits for the client to close; the port, and a list that gets what the
+    client sent last (b"": it closed the connection)."""
+    listener = socket.create_server((FAKE_HOST, 0))
     ended = []
 
     def serve():
@@ -798,8 +803,8 @@ def _answering_an_init(reply: bytes | None):
      "refused the session: go away"),
     (wire.encode_frame({"t": "refuse", "kind": "AccessDenied", "reason": "bad token"})[0], em.AccessDenied,
      "refused the session: bad token"),
-    (None, em.ConnectionLost, r"^ember://127\.0\.0\.1:\d+/0 did not answer the session's init within 0\.5 s \(EMBER_TIMEOUT\)$"),
-    (None, tcp.TimedOut, r"^ws://127\.0\.0\.1:\d+: no answer to the WebSocket upgrade within 0\.5 s$"),  # a ConnectionLost
+    (None, em.ConnectionLost, r"^ember://127\.0\.0\.9:\d+/0 did not answer the session's init within 0\.5 s \(EMBER_TIMEOUT\)$"),
+    (None, tcp.TimedOut, r"^ws://127\.0\.0\.9:\d+: no answer to the WebSocket upgrade within 0\.5 s$"),  # a ConnectionLost
 ], ids=["large", "unexpected", "unknown kind", "refused", "silent", "silent to an upgrade"])
 def test_a_client_takes_only_an_info_reply_to_its_init_and_small(monkeypatch, reply, error, message):
     """What answers a client's init is read with the handshake's small limits and within the
@@ -812,7 +817,7 @@ def test_a_client_takes_only_an_info_reply_to_its_init_and_small(monkeypatch, re
     scheme = "ws" if "upgrade" in message else "ember"
     start = time.monotonic()
     with pytest.raises(error, match=message) as refused:
-        em.ones(1, device=em.device(f"{scheme}://127.0.0.1:{port}/0"))
+        em.ones(1, device=em.device(f"{scheme}://{FAKE_HOST}:{port}/0"))
     assert type(refused.value) is error and time.monotonic() - start < 15
     del refused
     for _ in range(100):
@@ -829,7 +834,7 @@ def test_a_peer_that_does_not_keep_alive_is_waited_for_up_to_the_timeout(monkeyp
     info = {"t": "info", "v": wire.VERSION, "session": "0" * 32, "peer": "1" * 32, "dtypes": ["float64"],
             "limits": wire.Limits().as_dict()}
     port, _ = _answering_an_init(wire.encode_frame(info)[0])
-    device = em.device(f"ember://127.0.0.1:{port}/0")
+    device = em.device(f"ember://{FAKE_HOST}:{port}/0")
     assert device.engine.window is None
     device.engine.close()
 
