@@ -83,32 +83,42 @@ class Pair:
         return (session, refusal) if session is None else (session, self.host.resumed(session, frame, address))
 
 
+def _batch_of(box: Outbox, padding: int) -> tuple:
+    """A batch frame the outbox numbered and kept, of a message ``padding`` bytes long: its header and its bytes."""
+    header = {"t": "batch", "m": (b"x" * padding,)}
+    frame = box.frame(header, [])
+    return header, len(frame[0])
+
+
 def test_the_outbox_keeps_frames_until_acknowledged_and_refuses_an_ack_beyond_the_last():
-    box = Outbox(bound=100)
-    for size in (30, 30, 30):
-        box.keep(box.number(), [b"x" * size], size)
-    assert box.held == 90 and box.frames() == [[b"x" * 30]] * 3 and box.full(20) and not box.full(10)
+    box = Outbox(bound=1000)  # less than half held: no batch asks, so the three are of one size
+    sizes = [_batch_of(box, 70)[1] for _ in range(3)]
+    size = sizes[0]
+    assert sizes == [size] * 3 and 70 < size < 120 and box.last == 3
+    assert box.held == 3 * size and box.full(1000 - 3 * size + 1) and not box.full(1000 - 3 * size)
+    assert [wire.FrameReader().feed(b"".join(f))[0].header["n"] for f in box.frames()] == [1, 2, 3]
     box.acknowledge(2)
-    assert box.held == 30 and box.acked == 2 and len(box.frames()) == 1
+    assert box.held == size and box.acked == 2 and len(box.frames()) == 1
     box.acknowledge(1)  # an older ack changes nothing
-    assert box.held == 30
+    assert box.held == size
     with pytest.raises(ProtocolError, match="acknowledged batch 4, but the last one sent is 3"):
         box.acknowledge(4)
     box.acknowledge(3)
-    assert not box.frames() and not box.full(1000)  # an empty outbox takes any one frame
-    assert box.peak == 90
+    assert not box.frames() and box.held == 0 and not box.full(1000)  # an empty outbox takes any one frame
+    assert box.peak == 3 * size
 
 
 @given(st.lists(st.integers(1, 60), min_size=1, max_size=30))
-def test_the_outbox_asks_once_past_half_its_bound_until_acknowledged(sizes):
-    box, asks = Outbox(bound=100), []
-    for size in sizes:
-        asks.append(box.asking())
-        box.keep(box.number(), [b""], size)
-    half = [i for i in range(len(sizes)) if sum(sizes[:i]) * 2 > 100]
+def test_the_outbox_asks_once_past_half_its_bound_until_acknowledged(paddings):
+    box, asks, sizes = Outbox(bound=400), [], []
+    for padding in paddings:
+        header, size = _batch_of(box, padding)
+        asks.append(header.get("ask", False))
+        sizes.append(size)
+    half = [i for i in range(len(sizes)) if sum(sizes[:i]) * 2 > 400]
     assert asks.count(True) == (1 if half else 0) and (not half or asks.index(True) == half[0])
     box.acknowledge(box.last)
-    assert not box.asking()  # nothing held
+    assert box.held == 0 and not box.asking()  # nothing held
 
 
 def test_a_resumable_sessions_batches_are_numbered_and_every_reply_acknowledges():

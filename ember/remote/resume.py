@@ -24,6 +24,7 @@ RESUME_WINDOW = 300.0  # seconds a lost session is kept for its client, by defau
 SECRET_BYTES = 32
 GONE_KEPT = 1024  # why sessions went, remembered for the resumes that come too late
 _DUMMY = secrets.token_bytes(SECRET_BYTES)  # compared against for an unknown session: the same time as a known one
+NOTHING_KEPT = (0, ())  # a Resumable's kept replies once its client has had them (no batch is numbered 0)
 
 
 class Resumable:
@@ -35,7 +36,7 @@ class Resumable:
     def __init__(self, secret: bytes):
         self.secret = secret
         self.done = 0           # the highest batch number handled
-        self.kept: tuple = (0, [])  # (n, replies) of the last batch handled: a resent one is answered from it
+        self.kept: tuple = NOTHING_KEPT  # (n, replies) of the last batch handled: a resent one is answered from it
         self.parked_at = None   # when its connection was lost (it waits for a resume), else None
         self.lock = threading.Lock()  # held by the connection serving it: a resume waits for the old one to let go
         self.holder = None      # the shell's link of that connection, which a resume ends (connections.py)
@@ -50,7 +51,7 @@ class Resumable:
             return False
         if n != self.done + 1:
             raise ProtocolError(f"batch {n} came after batch {self.done}: the batches between were lost")
-        self.kept = (0, [])  # the client had the last replies before it sent more: their tensors' buffers may go
+        self.kept = NOTHING_KEPT  # the client had the last replies before it sent more: their tensors' buffers may go
         return True
 
     def repeat(self, n: int) -> list:

@@ -34,6 +34,7 @@ from .failures import Failure
 from .graphs import Graphs
 from .memory import RUN_OP_BYTES, RUN_OVERHEAD, TENSOR_OVERHEAD, Budget, BufferPool
 from .moves import Moves
+from .resume import NOTHING_KEPT
 from .runs import KEPT_BLOB_BYTES, KEPT_RUNS, NOT_COMPILED, RunPlan, endings
 from .tensors import TensorTable, check_size, error_kind, need_of
 from .transfers import Fetch, Transfers
@@ -113,14 +114,16 @@ class Session:
     # -- the frame handler --
     def handle(self, frame: Frame) -> list[tuple[dict, list]]:
         resumable = self.resumable
-        if resumable is not None and frame.header.get("t") == "batch":
-            n = frame.header.get("n")
-            if not resumable.admit(n):  # handled before the connection was lost, and sent again: run once
-                self.uploads.begin(frame.segments)
-                self.uploads.end(frame.segments)
-                return resumable.repeat(n)
-            return resumable.handled(n, frame.header, self._handle_new(frame))
-        return self._handle_new(frame)
+        if resumable is None or frame.header.get("t") != "batch":
+            return self._handle_new(frame)
+        n = frame.header.get("n")
+        if type(n) is int and n == resumable.done + 1:  # the next batch: what Resumable.admit says, without its call
+            resumable.kept = NOTHING_KEPT
+        elif not resumable.admit(n):  # handled before the connection was lost, and sent again: run once
+            self.uploads.begin(frame.segments)
+            self.uploads.end(frame.segments)
+            return resumable.repeat(n)
+        return resumable.handled(n, frame.header, self._handle_new(frame))
 
     def _handle_new(self, frame: Frame) -> list[tuple[dict, list]]:
         table = self.table

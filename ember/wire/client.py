@@ -303,10 +303,13 @@ class ClientProtocol:
             self.counters["keepalives"] += 1
         elif kind == "error":
             self.ended = f"the peer ended the session: {header.get('reason')}"
-        if self.outbox is not None:
-            acked = header.get("ack", header.get("n") if kind == "ack" else None)
-            if acked is not None:
-                self.outbox.acknowledge(acked)
+        outbox = self.outbox
+        if outbox is not None:
+            acked = header.get("ack")
+            if acked is None and kind == "ack":
+                acked = header.get("n")
+            if acked is not None and acked != outbox.acked:
+                outbox.acknowledge(acked)
         for reply in header.get("m", ()):
             if type(reply) is tuple and len(reply) > 1 and reply[1] == rid:
                 record, size = _REPLY_SIZES.get(reply[0], _UNKNOWN)
@@ -451,10 +454,4 @@ class ClientProtocol:
         if outbox is None:
             self._outgoing.append(wire.encode_frame({"t": "batch", "m": messages}, segments))
             return
-        n = outbox.number()
-        header = {"t": "batch", "m": messages, "n": n}
-        if outbox.asking():
-            header["ask"] = True
-        frame = wire.encode_frame(header, segments)
-        outbox.keep(n, frame, sum(len(b) if type(b) is bytes else b.nbytes for b in frame))
-        self._outgoing.append(frame)
+        self._outgoing.append(outbox.frame({"t": "batch", "m": messages}, segments))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..errors import ProtocolError
+from .protocol import encode_frame
 
 RESUME_BUFFER = 256 << 20  # bytes of unacknowledged batches a client keeps, by default (EMBER_RESUME_BUFFER)
 
@@ -32,21 +33,30 @@ class Outbox:
         self.acked = 0              # the highest the peer acknowledged
         self._asked = 0             # the number whose batch last asked for an acknowledgement
 
-    def number(self) -> int:
-        """The next batch's sequence number."""
-        self.last += 1
-        return self.last
-
-    def keep(self, n: int, frame: list, nbytes: int) -> None:
-        """Keep batch ``n``'s frame (its buffers, ``nbytes`` in all) until it is acknowledged."""
+    def frame(self, header: dict, segments: list) -> list:
+        """Batch ``header`` and its ``segments`` as a frame (``encode_frame``), numbered, asking for
+        an acknowledgement where :meth:`asking` says, and kept until acknowledged."""
+        n = header["n"] = self.last = self.last + 1
+        if self.held * 2 > self.bound and self.asking():  # asking()'s first test, before its call
+            header["ask"] = True
+        frame = encode_frame(header, segments)
+        # a small frame is one buffer of bytes
+        nbytes = len(frame[0]) if len(frame) == 1 else sum(len(b) if type(b) is bytes else b.nbytes for b in frame)
         self.kept.append((n, frame, nbytes))
         self.held += nbytes
         if self.held > self.peak:
             self.peak = self.held
+        return frame
 
     def acknowledge(self, n: int) -> None:
         """The peer has handled every batch up to ``n``: let their frames go. ProtocolError for a
         number not yet given (a peer that acknowledges what it cannot have seen)."""
+        if n == self.last and type(n) is int:  # all that was sent (a round trip's reply): no walk along the kept
+            self.acked = n
+            if self.kept:
+                self.kept.clear()
+                self.held = 0
+            return
         if type(n) is not int or n > self.last:
             raise ProtocolError(f"the peer acknowledged batch {n!r}, but the last one sent is {self.last}")
         if n <= self.acked:
