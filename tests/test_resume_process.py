@@ -156,3 +156,30 @@ def test_a_move_between_peers_cut_midway_is_fetched_again_and_arrives_whole(resu
         np.testing.assert_array_equal(em.asnumpy(x[:4]), values[:4])  # the client's session was cut too: it resumes
         assert em.stats(a)["resumes"] == 1 and line.accepted == 4
 
+
+
+@pytest.mark.parametrize("fault", ["cut after the run was sent", "the run's answer lost"])
+def test_a_graph_run_cut_midway_completes_and_runs_once(peer, resume, fault):
+    """A compiled graph's run in flight across a drop: sent, then the connection reset before the
+    peer answered, or the peer's answer lost with the connection. The run's result arrives, the
+    session resumed once, and the peer ran the graph once more, not twice."""
+    with FaultLine(peer.address) as line:
+        device = em.device(line.url())
+        step = em.jit(lambda a, b: em.sin(a) * b + 1)
+        host = np.linspace(0, 1, 64)
+        x, w = em.asarray(host, device=device), em.asarray(host * 3, device=device)
+        expected = np.sin(host) * host * 3 + 1
+        np.testing.assert_allclose(em.asnumpy(step(x, w)), expected)  # registered, and run once
+        runs, ops = em.stats(device)["graph_runs"], _session_ops(device)
+        assert runs == 1 and ops == 3  # the graph's three ops; the client counts runs, not their ops
+        if fault == "cut after the run was sent":
+            y = step(x, w)
+            device.engine.flush()
+            line.cut("rst")
+        else:
+            line.cut_on_answer = "rst"
+            y = step(x, w)
+        np.testing.assert_allclose(em.asnumpy(y), expected)
+        stats = em.stats(device)
+        assert stats["resumes"] == 1 and stats["graph_runs"] == 2
+        assert _session_ops(device) == 6  # the peer ran the graph twice, not three times
